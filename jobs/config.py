@@ -1,0 +1,43 @@
+"""Configuration from environment variables, with local-development defaults."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cache
+
+
+def _env(name: str, default, cast=str):
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else cast(raw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = field(default_factory=lambda: _env("DATABASE_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"))
+    redis_url: str = field(default_factory=lambda: _env("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    target: str = field(default_factory=lambda: _env("EAGLE3_TARGET", "smollm2-135m-instruct"))
+    # Celery queue of the batch task; tests use a unique one per session.
+    queue: str = field(default_factory=lambda: _env("CELERY_QUEUE", "eagle3-batch"))
+    # Items a worker decodes together (celery-batches flush_every and SpeculativeDecoder batch_size).
+    batch_size: int = field(default_factory=lambda: _env("BATCH_SIZE", 8, int))
+    # Seconds a partial batch waits for more items before it is decoded anyway.
+    flush_interval: float = field(default_factory=lambda: _env("BATCH_FLUSH_INTERVAL", 0.5, float))
+    # Redis redelivers an unacked message after this many seconds. Must exceed the time a message can sit
+    # unacked: (prefetched batches + 1) x the longest batch decode. See README "Reliability".
+    visibility_timeout: int = field(default_factory=lambda: _env("BROKER_VISIBILITY_TIMEOUT", 3600, int))
+    # Soft/hard limit of one batch task (prefork pool only).
+    batch_time_limit: int = field(default_factory=lambda: _env("BATCH_TIME_LIMIT_S", 1800, int))
+    # Deliveries of one item before it is failed (a batch that always kills its worker is not retried forever).
+    max_attempts: int = field(default_factory=lambda: _env("ITEM_MAX_ATTEMPTS", 3, int))
+    # With measure_baseline=true, this many items of a job are also decoded without speculation.
+    baseline_sample_size: int = field(default_factory=lambda: _env("BASELINE_SAMPLE_SIZE", 8, int))
+    max_items_per_job: int = field(default_factory=lambda: _env("MAX_ITEMS_PER_JOB", 50_000, int))
+    max_request_bytes: int = field(default_factory=lambda: _env("MAX_REQUEST_BYTES", 100 * 1024 * 1024, int))
+    max_new_tokens_limit: int = field(default_factory=lambda: _env("MAX_NEW_TOKENS_LIMIT", 1024, int))
+    # POST /generate waits this long for its item before answering 504 with the job id.
+    generate_timeout_s: float = field(default_factory=lambda: _env("GENERATE_TIMEOUT_S", 60.0, float))
+
+
+@cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,135 @@
+"""Job and item state transitions. Each function runs inside the caller's transaction and first locks the job rows
+it touches (in id order, so concurrent workers and cancels serialize per job and never deadlock)."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from .db import id_in
+from .models import ItemResult, Item, Job
+
+
+@dataclass
+class Outcome:
+    """What a worker produced for one item: output or error, plus the decoder stats."""
+    item_id: int
+    output: dict | None = None
+    error: str | None = None
+    stats: dict | None = None
+    baseline_stats: dict | None = None
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Conflict(Exception):
+    """The job is in a state that does not allow the operation."""
+
+
+def lock_jobs(session: Session, job_ids) -> dict[uuid.UUID, Job]:
+    jobs = session.scalars(select(Job).where(Job.id.in_(sorted(set(job_ids)))).order_by(Job.id)
+                           .with_for_update().execution_options(populate_existing=True)).all()
+    return {job.id: job for job in jobs}
+
+
+def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[list[Item], list[Outcome]]:
+    """Mark the deliverable items running (one more attempt each) and return them.
+
+    Items already finished or cancelled are skipped: that is what makes redelivery and duplicate messages harmless.
+    An item delivered max_attempts times already (its batch keeps killing the worker) is failed instead.
+    """
+    job_ids = session.scalars(select(Item.job_id).where(id_in(Item.id, item_ids)).distinct()).all()
+    jobs = lock_jobs(session, job_ids)
+    live = id_in(Item.id, item_ids) & Item.status.in_(("queued", "running"))
+    claimed = session.scalars(
+        update(Item).where(live, Item.attempts < max_attempts)
+        .values(status="running", attempts=Item.attempts + 1, started_at=func.now())
+        .returning(Item).execution_options(populate_existing=True)).all()
+    exhausted = session.scalars(select(Item.id).where(live, Item.attempts >= max_attempts)).all()
+    for job_id in {item.job_id for item in claimed}:
+        job = jobs[job_id]
+        if job.status == "queued":
+            job.status, job.started_at = "running", _now()
+    gave_up = [Outcome(item_id, error=f"gave up after {max_attempts} deliveries (the worker was lost each time)")
+               for item_id in exhausted]
+    return sorted(claimed, key=lambda item: item.id), gave_up
+
+
+def record(session: Session, outcomes: list[Outcome]) -> int:
+    """Write each item's result once, count it into its job and move the job on. Returns the results written."""
+    if not outcomes:
+        return 0
+    by_id = {outcome.item_id: outcome for outcome in outcomes}
+    job_of = dict(session.execute(select(Item.id, Item.job_id).where(id_in(Item.id, by_id))).all())
+    jobs = lock_jobs(session, job_of.values())
+    rows = [{"item_id": o.item_id, "output": o.output, "error": o.error, "stats": o.stats,
+             "baseline_stats": o.baseline_stats} for o in by_id.values() if o.item_id in job_of]
+    written = session.scalars(pg_insert(ItemResult).values(rows).on_conflict_do_nothing()
+                              .returning(ItemResult.item_id)).all()
+    for item_id in written:
+        outcome, job = by_id[item_id], jobs[job_of[item_id]]
+        _count(job, outcome)
+    failed = [i for i in written if by_id[i].error is not None]
+    done = [i for i in written if by_id[i].error is None]
+    for status, ids in (("completed", done), ("failed", failed)):
+        if ids:
+            session.execute(update(Item).where(id_in(Item.id, ids)).values(status=status, finished_at=func.now()))
+    for job in jobs.values():
+        _finish_if_done(job)
+    return len(written)
+
+
+def _count(job: Job, outcome: Outcome) -> None:
+    if outcome.error is not None:
+        job.failed_items += 1
+        return
+    job.completed_items += 1
+    stats = outcome.stats or {}
+    job.new_tokens += stats.get("new_tokens", 0)
+    job.target_forwards += stats.get("target_forwards", 0)
+    job.decode_time_s += stats.get("time_share_s", 0.0)
+    if outcome.baseline_stats:
+        job.sample_items += 1
+        job.sample_new_tokens += stats.get("new_tokens", 0)
+        job.sample_decode_time_s += stats.get("time_share_s", 0.0)
+        job.baseline_new_tokens += outcome.baseline_stats.get("new_tokens", 0)
+        job.baseline_decode_time_s += outcome.baseline_stats.get("time_share_s", 0.0)
+
+
+def _finish_if_done(job: Job) -> None:
+    if job.status in ("completed", "failed", "cancelled"):
+        return
+    if job.completed_items + job.failed_items + job.cancelled_items < job.total_items:
+        return
+    if job.cancel_requested_at is not None:
+        job.status = "cancelled"
+    else:
+        job.status = "failed" if job.completed_items == 0 else "completed"
+    job.finished_at = _now()
+
+
+def cancel(session: Session, job_id: uuid.UUID) -> Job | None:
+    """Cancel a job: its queued items will not run (they get a 'cancelled' result now); running items finish and
+    keep their results; the job ends 'cancelled' once none is running. Returns None for an unknown job."""
+    job = lock_jobs(session, [job_id]).get(job_id)
+    if job is None:
+        return None
+    if job.status in ("completed", "failed"):
+        raise Conflict(f"job is already {job.status}")
+    if job.status in ("cancelling", "cancelled"):
+        return job
+    cancelled = session.scalars(update(Item).where(Item.job_id == job_id, Item.status == "queued")
+                                .values(status="cancelled", finished_at=func.now()).returning(Item.id)).all()
+    if cancelled:
+        session.execute(insert(ItemResult), [{"item_id": i, "error": "cancelled before it ran"} for i in cancelled])
+    job.cancelled_items += len(cancelled)
+    job.cancel_requested_at = _now()
+    job.status = "cancelling"
+    _finish_if_done(job)
+    return job

@@ -1,0 +1,119 @@
+"""The SQLAlchemy models: the one place the schema is described (Alembic migrations follow it)."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import (BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, MetaData,
+                        String, Text, UniqueConstraint, func)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+JOB_TYPES = ("generation", "review")
+JOB_STATUSES = ("queued", "running", "completed", "failed", "cancelling", "cancelled")
+JOB_FINAL = ("completed", "failed", "cancelled")
+ITEM_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+ITEM_FINAL = ("completed", "failed", "cancelled")
+NULLABLE_JSON = JSONB(none_as_null=True)  # Python None -> SQL NULL, not JSON null
+
+
+def _in(column: str, values) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    })
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    type: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    priority: Mapped[int] = mapped_column(Integer, default=5)
+    params: Mapped[dict] = mapped_column(JSONB, default=dict)  # job-level decode params (items may override)
+    metadata_: Mapped[dict] = mapped_column("metadata", JSONB, default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+    total_items: Mapped[int] = mapped_column(Integer)
+    completed_items: Mapped[int] = mapped_column(Integer, default=0)
+    failed_items: Mapped[int] = mapped_column(Integer, default=0)
+    cancelled_items: Mapped[int] = mapped_column(Integer, default=0)
+
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    # Speedup stats, accumulated as item results are written (in the same transaction).
+    # All items, speculative decoding:
+    new_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    target_forwards: Mapped[int] = mapped_column(BigInteger, default=0)
+    decode_time_s: Mapped[float] = mapped_column(Double, default=0.0)  # each item's share of its batch's wall time
+    # The baseline sample (measure_baseline=true): the same items decoded both ways, in the same batches.
+    sample_items: Mapped[int] = mapped_column(Integer, default=0)
+    sample_new_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    sample_decode_time_s: Mapped[float] = mapped_column(Double, default=0.0)
+    baseline_new_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    baseline_decode_time_s: Mapped[float] = mapped_column(Double, default=0.0)
+
+    items: Mapped[list[Item]] = relationship(back_populates="job", passive_deletes=True)
+
+    __table_args__ = (
+        CheckConstraint(_in("type", JOB_TYPES), name="type"),
+        CheckConstraint(_in("status", JOB_STATUSES), name="status"),
+        Index(None, "created_at", "id"),  # keyset pagination of GET /v1/jobs
+        Index(None, "status"),
+    )
+
+
+class Item(Base):
+    """One prompt of a job; the unit the queue carries (by id) and the worker claims."""
+    __tablename__ = "items"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    idx: Mapped[int] = mapped_column(Integer)  # position in the job's input; results come back in this order
+    custom_id: Mapped[str] = mapped_column(String(256))
+    prompt: Mapped[str] = mapped_column(Text)
+    params: Mapped[dict] = mapped_column(JSONB)  # effective decode params (job params + item overrides)
+    baseline_sample: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # deliveries claimed; capped by max_attempts
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # NULL: not yet on the broker
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    job: Mapped[Job] = relationship(back_populates="items")
+    result: Mapped[ItemResult | None] = relationship(back_populates="item", passive_deletes=True)
+
+    __table_args__ = (
+        CheckConstraint(_in("status", ITEM_STATUSES), name="status"),
+        UniqueConstraint("job_id", "idx"),
+        UniqueConstraint("job_id", "custom_id"),
+        Index(None, "status", "enqueued_at"),
+    )
+
+
+class ItemResult(Base):
+    """An item's outcome, written exactly once (primary key = item id), so a redelivered batch cannot duplicate it."""
+    __tablename__ = "item_results"
+
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"), primary_key=True)
+    output: Mapped[dict | None] = mapped_column(NULLABLE_JSON)  # generation: {text, token_ids}; review: {label, score, ...}
+    error: Mapped[str | None] = mapped_column(Text)
+    stats: Mapped[dict | None] = mapped_column(NULLABLE_JSON)  # the decoder's per-item stats + batch info
+    baseline_stats: Mapped[dict | None] = mapped_column(NULLABLE_JSON)  # same, vanilla decoding (baseline sample only)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    item: Mapped[Item] = relationship(back_populates="result")
+
+    __table_args__ = (CheckConstraint("(output IS NULL) <> (error IS NULL)", name="output_xor_error"),)
