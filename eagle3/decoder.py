@@ -115,19 +115,26 @@ class SpeculativeDecoder:
                  speculative=True, seed=None):
         """Decode each prompt (chat template applied) and return one GenerationResult per prompt, in order."""
         _require(isinstance(prompts, (list, tuple)) and len(prompts) > 0, "prompts", "must be a non-empty list")
+        ids = []
+        for i, p in enumerate(prompts):
+            _require(isinstance(p, str) and p.strip() != "", f"prompts[{i}]", "must be a non-empty string")
+            ids.append(self.target.encode_prompt(p))
+        return self.generate_ids(ids, max_new_tokens, temperature, top_p, top_k, batch_size, speculative, seed)
+
+    def generate_ids(self, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, batch_size=8,
+                     speculative=True, seed=None):
+        """Like generate(), from already-tokenised prompts (lists of token ids, no template added)."""
+        _require(isinstance(ids, (list, tuple)) and len(ids) > 0, "prompts", "must be a non-empty list")
         _require(isinstance(max_new_tokens, int) and max_new_tokens >= 1, "max_new_tokens", "must be an integer >= 1")
         _require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", "must be >= 0")
         _require(isinstance(top_p, (int, float)) and 0 < top_p <= 1, "top_p", "must be in (0, 1]")
         _require(isinstance(top_k, int) and top_k >= 0, "top_k", "must be an integer >= 0")
         _require(isinstance(batch_size, int) and batch_size >= 1, "batch_size", "must be an integer >= 1")
-        ids, limits = [], []
         room = self.target.max_context - self.depth - 2  # keep space for one tree past the last token
-        for i, p in enumerate(prompts):
-            _require(isinstance(p, str) and p.strip() != "", f"prompts[{i}]", "must be a non-empty string")
-            x = self.target.encode_prompt(p)
-            _require(len(x) < room, f"prompts[{i}]",
-                     f"is {len(x)} tokens; the model's context is {self.target.max_context}")
-            ids.append(x)
+        limits = []
+        for i, x in enumerate(ids):
+            _require(len(x) > 0, f"prompts[{i}]", "is empty")
+            _require(len(x) < room, f"prompts[{i}]", f"is {len(x)} tokens; the model's context is {self.target.max_context}")
             limits.append(min(max_new_tokens, room - len(x)))
         gen = None
         if seed is not None:
@@ -139,7 +146,7 @@ class SpeculativeDecoder:
                       wall_time_s=0.0)
         for s in range(0, len(order), batch_size):
             chunk = order[s: s + batch_size]
-            for i, r in zip(chunk, self._decode_batch([ids[i] for i in chunk], [limits[i] for i in chunk],
+            for i, r in zip(chunk, self._decode_batch([list(ids[i]) for i in chunk], [limits[i] for i in chunk],
                                                       speculative, sampling, totals)):
                 results[i] = r
         totals["accept_length"] = totals["accepted"] / totals["rounds"] if totals["rounds"] else 1.0

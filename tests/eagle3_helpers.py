@@ -1,0 +1,25 @@
+"""Small random targets for the decoder tests (float64, so fp rounding never flips an argmax)."""
+import torch
+
+from eagle3 import SpeculativeDecoder
+from eagle3.draft import Eagle3Head, HeadConfig
+from eagle3.target import ByteTokenizer, Target, random_model, tiny_config
+
+
+def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512):
+    """A tiny Llama over a tiny vocabulary: an untrained draft head guesses its tokens often, so multi-token
+    acceptance (and the KV commit that goes with it) happens in every test."""
+    cfg = tiny_config(vocab=vocab, layers=layers, max_pos=max_pos)
+    cfg.eos_token_ids = []
+    return Target(random_model(cfg, seed=seed, scale=scale), ByteTokenizer(), f"tiny-v{vocab}")
+
+
+def decoder_for(target, seed=0, **kw):
+    head = Eagle3Head.random(HeadConfig.for_target(target.config), seed=seed, scale=0.3)
+    return SpeculativeDecoder(target, draft=head, **kw)
+
+
+def random_prompts(n, vocab, seed=0, min_len=1, max_len=24):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
+    return [torch.randint(0, vocab, (L,), generator=g).tolist() for L in lens]
