@@ -1,0 +1,70 @@
+"""The target adapter computes what Hugging Face transformers computes, for the Llama, Qwen2 and Mistral layouts."""
+import shutil
+
+import pytest
+import torch
+
+from eagle3.target import DEFAULT_TARGET, cache_dir, load_target
+
+
+@pytest.fixture(scope="module")
+def default_target():
+    return load_target()  # converts the embedded GGUF once, then loads from the cache
+
+
+def _save_random_hf(kind, path, tokenizer_from):
+    import transformers
+
+    cfg_cls, model_cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                          "mistral": ("MistralConfig", "MistralForCausalLM")}[kind]
+    cfg = getattr(transformers, cfg_cls)(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                         rope_theta=5000.0, tie_word_embeddings=(kind == "qwen2"))
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    model.save_pretrained(path)
+    for f in tokenizer_from.glob("tokenizer*"):
+        shutil.copy(f, path)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+def test_matches_transformers(kind, tmp_path, default_target):
+    ref = _save_random_hf(kind, tmp_path, cache_dir() / DEFAULT_TARGET)
+    t = load_target(str(tmp_path), device="cpu")
+    x = torch.randint(0, 49152, (2, 11))
+    with torch.no_grad():
+        out = ref(x, output_hidden_states=True)
+    cache = t.model.new_cache(2, 16)
+    mask = torch.ones(11, 11, dtype=torch.bool).tril().expand(2, 11, 11)
+    logits, feats = t.model(x, torch.arange(11).expand(2, 11), cache, mask)
+    assert torch.allclose(logits, out.logits, atol=1e-4, rtol=1e-4)
+    expect = torch.cat([out.hidden_states[i] for i in (2, 3, 3)], -1)  # inputs of layers 2, n//2, n-3 for n=6
+    assert torch.allclose(feats, expect, atol=1e-4)
+
+
+def test_incremental_decode_matches_full_forward(default_target):
+    """Cached one-token steps give the logits of one full forward (the KV cache and positions are right)."""
+    m = default_target.model
+    ids = default_target.encode_prompt("Name a colour.")
+    T = len(ids)
+    full, _ = m(torch.tensor([ids]), torch.arange(T)[None], m.new_cache(1, T),
+                torch.ones(T, T, dtype=torch.bool).tril()[None])
+    cache = m.new_cache(1, T)
+    head = T - 3
+    m(torch.tensor([ids[:head]]), torch.arange(head)[None], cache, torch.ones(head, head, dtype=torch.bool).tril()[None])
+    cache.lens[:] = head
+    for i in range(head, T):
+        lg, _ = m(torch.tensor([[ids[i]]]), torch.tensor([[i]]), cache, torch.ones(1, 1, 1, dtype=torch.bool))
+        cache.lens += 1
+        assert torch.allclose(lg[0, 0], full[0, i], atol=1e-3)
+
+
+def test_default_target_is_smollm2(default_target):
+    c = default_target.config
+    assert (c.num_hidden_layers, c.hidden_size, c.vocab_size, c.num_key_value_heads) == (30, 576, 49152, 3)
+    assert c.feature_layers == [2, 15, 27]
+    assert (cache_dir() / DEFAULT_TARGET / "model.safetensors").exists()
+    ids = default_target.encode_prompt("Hello")
+    assert default_target.decode(ids).strip().endswith("assistant")  # the chat template is applied
+    assert default_target.eos_ids == [2]  # <|im_end|>
