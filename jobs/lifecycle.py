@@ -38,7 +38,17 @@ def lock_jobs(session: Session, job_ids) -> dict[uuid.UUID, Job]:
     return {job.id: job for job in jobs}
 
 
-def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[list[Item], list[Outcome]]:
+@dataclass(frozen=True)
+class Claimed:
+    """An item a worker now owns, detached from the session (decoding runs outside any transaction)."""
+    id: int
+    job_type: str
+    prompt: str
+    params: dict
+    baseline_sample: bool
+
+
+def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[list[Claimed], list[Outcome]]:
     """Mark the deliverable items running (one more attempt each) and return them.
 
     Items already finished or cancelled are skipped: that is what makes redelivery and duplicate messages harmless.
@@ -47,18 +57,20 @@ def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[lis
     job_ids = session.scalars(select(Item.job_id).where(id_in(Item.id, item_ids)).distinct()).all()
     jobs = lock_jobs(session, job_ids)
     live = id_in(Item.id, item_ids) & Item.status.in_(("queued", "running"))
-    claimed = session.scalars(
+    rows = session.execute(
         update(Item).where(live, Item.attempts < max_attempts)
         .values(status="running", attempts=Item.attempts + 1, started_at=func.now())
-        .returning(Item).execution_options(populate_existing=True)).all()
+        .returning(Item.id, Item.job_id, Item.prompt, Item.params, Item.baseline_sample)).all()
     exhausted = session.scalars(select(Item.id).where(live, Item.attempts >= max_attempts)).all()
-    for job_id in {item.job_id for item in claimed}:
+    for job_id in {row.job_id for row in rows}:
         job = jobs[job_id]
         if job.status == "queued":
             job.status, job.started_at = "running", _now()
+    claimed = [Claimed(r.id, jobs[r.job_id].type, r.prompt, r.params, r.baseline_sample)
+               for r in sorted(rows, key=lambda r: r.id)]
     gave_up = [Outcome(item_id, error=f"gave up after {max_attempts} deliveries (the worker was lost each time)")
                for item_id in exhausted]
-    return sorted(claimed, key=lambda item: item.id), gave_up
+    return claimed, gave_up
 
 
 def record(session: Session, outcomes: list[Outcome]) -> int:
@@ -93,6 +105,8 @@ def _count(job: Job, outcome: Outcome) -> None:
     stats = outcome.stats or {}
     job.new_tokens += stats.get("new_tokens", 0)
     job.target_forwards += stats.get("target_forwards", 0)
+    job.rounds += stats.get("rounds", 0)
+    job.accepted_tokens += round(stats.get("accept_length", 0.0) * stats.get("rounds", 0))
     job.decode_time_s += stats.get("time_share_s", 0.0)
     if outcome.baseline_stats:
         job.sample_items += 1

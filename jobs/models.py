@@ -57,6 +57,8 @@ class Job(Base):
     # All items, speculative decoding:
     new_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     target_forwards: Mapped[int] = mapped_column(BigInteger, default=0)
+    rounds: Mapped[int] = mapped_column(BigInteger, default=0)  # draft+verify rounds
+    accepted_tokens: Mapped[int] = mapped_column(BigInteger, default=0)  # tokens those rounds emitted (tau = /rounds)
     decode_time_s: Mapped[float] = mapped_column(Double, default=0.0)  # each item's share of its batch's wall time
     # The baseline sample (measure_baseline=true): the same items decoded both ways, in the same batches.
     sample_items: Mapped[int] = mapped_column(Integer, default=0)

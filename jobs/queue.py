@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import kombu.exceptions
+import redis.exceptions
 from celery import Celery
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -42,6 +44,9 @@ def make_celery(settings: Settings) -> Celery:
             "queue_order_strategy": "priority",
         },
         worker_send_task_events=False,
+        # Fail a publish fast when Redis is down (the API answers 503; the items stay unsent in Postgres).
+        task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
+        broker_connection_timeout=2,
         beat_schedule={"requeue-unsent": {"task": REQUEUE_TASK, "schedule": 60.0}},
     )
     return app
@@ -49,8 +54,11 @@ def make_celery(settings: Settings) -> Celery:
 
 celery_app = make_celery(get_settings())
 
+# What a publish raises when the broker cannot be reached.
+BROKER_ERRORS = (kombu.exceptions.OperationalError, redis.exceptions.RedisError, OSError)
 
-def enqueue_unsent(session: Session, queue: str, job_id=None, min_age_s: float | None = None) -> int:
+
+def enqueue_unsent(session: Session, celery: Celery, job_id=None, min_age_s: float | None = None) -> int:
     """Send a message for each queued item that has none yet (enqueued_at IS NULL) and mark it sent.
 
     Called right after a job is committed, on an idempotent replay of the same submission, and periodically by beat
@@ -65,9 +73,10 @@ def enqueue_unsent(session: Session, queue: str, job_id=None, min_age_s: float |
     rows = session.execute(query.order_by(Item.id)).all()
     if not rows:
         return 0
-    with celery_app.producer_or_acquire() as producer:
+    queue = celery.conf.task_default_queue
+    with celery.producer_or_acquire() as producer:
         for item_id, priority in rows:
-            celery_app.send_task(DECODE_TASK, args=[item_id], queue=queue, producer=producer,
-                                 priority=MAX_PRIORITY - priority)  # Redis serves low numbers first
+            celery.send_task(DECODE_TASK, args=[item_id], queue=queue, producer=producer,
+                             priority=MAX_PRIORITY - priority)  # Redis serves low numbers first
     session.execute(update(Item).where(id_in(Item.id, [r.id for r in rows])).values(enqueued_at=func.now()))
     return len(rows)

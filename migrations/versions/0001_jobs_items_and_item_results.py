@@ -39,6 +39,8 @@ def upgrade() -> None:
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('new_tokens', sa.BigInteger(), nullable=False),
     sa.Column('target_forwards', sa.BigInteger(), nullable=False),
+    sa.Column('rounds', sa.BigInteger(), nullable=False),
+    sa.Column('accepted_tokens', sa.BigInteger(), nullable=False),
     sa.Column('decode_time_s', sa.Double(), nullable=False),
     sa.Column('sample_items', sa.Integer(), nullable=False),
     sa.Column('sample_new_tokens', sa.BigInteger(), nullable=False),

@@ -1,0 +1,41 @@
+"""The HTTP API: a Flask app factory. Views validate, write to Postgres and send queue messages; they never decode."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from flask import Flask
+
+from jobs.config import Settings, get_settings
+from jobs.db import session_factory
+from jobs.queue import make_celery
+
+from . import errors
+
+
+@dataclasses.dataclass
+class State:
+    settings: Settings
+    Session: object  # sessionmaker
+    celery: object  # a Celery app used only to send messages and ping workers
+
+
+def create_app(overrides: dict | None = None) -> Flask:
+    """`overrides`: Settings fields to replace (tests use a unique queue, small limits)."""
+    settings = dataclasses.replace(get_settings(), **(overrides or {}))
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # larger bodies: 413
+    app.json.sort_keys = False
+    app.extensions["jobs"] = State(settings=settings, Session=session_factory(settings.database_url),
+                                   celery=make_celery(settings))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from .health import bp as health_bp
+    from .openapi import bp as openapi_bp
+    from .views import bp as jobs_bp
+
+    app.register_blueprint(jobs_bp)
+    app.register_blueprint(health_bp)
+    app.register_blueprint(openapi_bp)
+    errors.register(app)
+    return app

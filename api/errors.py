@@ -1,0 +1,77 @@
+"""Every error is an RFC 9457 problem (application/problem+json): 404/405/413 from routing included, never an HTML
+page or a traceback."""
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify, request
+from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """Raise anywhere in a view to answer with a problem."""
+
+    def __init__(self, status: int, title: str, detail: str | None = None, errors: list[dict] | None = None,
+                 **extra):
+        super().__init__(detail or title)
+        self.status, self.title, self.detail, self.errors, self.extra = status, title, detail, errors, extra
+
+
+def field_name(loc) -> str:
+    """('items', 3, 'prompt') -> 'items[3].prompt'"""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def validation_errors(exc: ValidationError, prefix=(), lines: list[int] | None = None) -> list[dict]:
+    """pydantic errors as [{field, message, type[, line]}]; `lines` maps items[i] to JSONL line numbers."""
+    out = []
+    for err in exc.errors(include_url=False, include_context=False, include_input=False):
+        loc = tuple(prefix) + tuple(err["loc"])
+        entry = {"field": field_name(loc), "message": err["msg"], "type": err["type"]}
+        if lines is not None and len(loc) > 1 and loc[0] == "items" and isinstance(loc[1], int):
+            entry["line"] = lines[loc[1]]
+        out.append(entry)
+    return out
+
+
+def invalid(errors: list[dict], status: int = 422, title: str = "Invalid request") -> ApiError:
+    first = errors[0]
+    where = f"line {first['line']}: " if first.get("line") else ""
+    return ApiError(status, title, f"{where}{first['field']}: {first['message']}", errors)
+
+
+def problem(status: int, title: str, detail: str | None = None, errors=None, **extra):
+    body = {"type": "about:blank", "title": title, "status": status, "instance": request.path}
+    if detail:
+        body["detail"] = detail
+    if errors:
+        body["errors"] = errors
+    body.update({k: v for k, v in extra.items() if v is not None})
+    response = jsonify(body)
+    response.status_code = status
+    response.mimetype = "application/problem+json"
+    return response
+
+
+def register(app: Flask) -> None:
+    @app.errorhandler(ApiError)
+    def _api_error(exc: ApiError):
+        return problem(exc.status, exc.title, exc.detail, exc.errors, **exc.extra)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        response = problem(exc.code or 500, exc.name, exc.description)
+        if exc.code == 405 and exc.valid_methods:
+            response.headers["Allow"] = ", ".join(exc.valid_methods)
+        return response
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return problem(500, "Internal Server Error", "An unexpected error occurred; it has been logged.")

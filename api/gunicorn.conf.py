@@ -1,0 +1,10 @@
+# Threads, not sync workers: POST /generate holds its request while the queue serves it.
+import os
+
+bind = f"0.0.0.0:{os.environ.get('PORT', '8080')}"
+workers = int(os.environ.get("API_WORKERS", "2"))
+worker_class = "gthread"
+threads = int(os.environ.get("API_THREADS", "8"))
+# The first POST of a process loads the target's tokenizer (with the model: see README); leave it time.
+timeout = 120
+accesslog = "-"

@@ -1,0 +1,36 @@
+"""Prompt length vs the model's context, counted with the target's own chat template and tokenizer.
+
+eagle3 exposes the tokenizer only through a loaded Target, so an API process loads the target once, on the first
+submission that needs it (tiny: <1 s; smollm2: ~3 s from the cache, ~40 s the very first time on a machine).
+"""
+from __future__ import annotations
+
+import threading
+
+from jobs import review
+
+_lock = threading.Lock()
+_targets: dict = {}
+
+
+def target(name: str):
+    with _lock:
+        if name not in _targets:
+            from eagle3 import load_target
+            _targets[name] = load_target(name)
+        return _targets[name]
+
+
+def prompt_for(job_type: str, prompt: str) -> str:
+    """The longest prompt the worker will send to the decoder for this item."""
+    return review.longest_prompt(prompt) if job_type == "review" else prompt
+
+
+def too_long(target_name: str, job_type: str, prompt: str, max_new_tokens: int) -> str | None:
+    """An error message if the item cannot fit in the context, else None."""
+    t = target(target_name)
+    n = t.count_tokens(prompt_for(job_type, prompt))
+    if n + max_new_tokens > t.max_context:
+        return (f"the prompt is {n} tokens; with max_new_tokens={max_new_tokens} it exceeds the model's context "
+                f"of {t.max_context} tokens")
+    return None

@@ -1,0 +1,101 @@
+"""GET /openapi.json: OpenAPI 3.1, its schemas generated from the pydantic models the views validate with."""
+from __future__ import annotations
+
+from functools import cache
+
+from flask import Blueprint
+from pydantic.json_schema import models_json_schema
+
+from . import schemas as s
+
+bp = Blueprint("openapi", __name__)
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def body(name: str, media: str = "application/json") -> dict:
+    return {"content": {media: {"schema": ref(name)}}}
+
+
+def problems(*codes: int) -> dict:
+    text = {400: "Malformed JSON or JSONL", 404: "No such job", 409: "Conflict", 413: "Too large",
+            415: "Unsupported content type", 422: "Invalid field (see errors[].field)", 502: "The item failed",
+            503: "A dependency is unavailable", 504: "Timed out; poll the job"}
+    return {str(c): {"description": text[c], **body("Problem", "application/problem+json")} for c in codes}
+
+
+def query(name: str, schema: dict, description: str = "") -> dict:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+
+
+@cache
+def spec() -> dict:
+    models = [(m, "validation") for m in (s.JobCreate, s.JobOptions, s.GenerateRequest)] + \
+             [(m, "serialization") for m in (s.JobOut, s.JobList, s.ResultOut, s.ResultList, s.GenerateOut,
+                                             s.Problem, s.HealthOut)]
+    _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    upload = {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "string", "format": "binary", "description": "JSONL, one ItemIn object per line"},
+        "job": {"type": "string", "description": "JSON of JobOptions (type, params, priority, metadata)"}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "EAGLE-3 batch inference jobs", "version": "1",
+                 "description": "Bulk generation and content-review jobs decoded with EAGLE-3 speculative decoding."},
+        "paths": {
+            "/v1/jobs": {
+                "post": {"summary": "Submit a bulk job", "operationId": "createJob",
+                         "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                                         "schema": {"type": "string", "maxLength": 255},
+                                         "description": "The same key returns the same job."}],
+                         "requestBody": {"required": True, "content": {
+                             "application/json": {"schema": ref("JobCreate")},
+                             "multipart/form-data": {"schema": upload}}},
+                         "responses": {"202": {"description": "Accepted", **body("JobOut")},
+                                       **problems(400, 409, 413, 415, 422, 503)}},
+                "get": {"summary": "List jobs, newest first", "operationId": "listJobs",
+                        "parameters": [query("status", {"type": "string"}, "comma-separated statuses"),
+                                       query("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
+                                       query("after", {"type": "string"}, "next_cursor of the previous page")],
+                        "responses": {"200": {"description": "A page of jobs", **body("JobList")},
+                                      **problems(422)}},
+            },
+            "/v1/jobs/{job_id}": {"get": {
+                "summary": "Job status, counts, timestamps and speedup stats", "operationId": "getJob",
+                "parameters": [JOB_ID], "responses": {"200": {"description": "The job", **body("JobOut")},
+                                                      **problems(404)}}},
+            "/v1/jobs/{job_id}/results": {"get": {
+                "summary": "Finished items in input order (paginated JSON, or JSONL stream)",
+                "operationId": "getResults",
+                "parameters": [JOB_ID, query("format", {"enum": ["json", "jsonl"]}),
+                               query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                               query("after", {"type": "integer"}, "next_cursor of the previous page")],
+                "responses": {"200": {"description": "Results", "content": {
+                    "application/json": {"schema": ref("ResultList")},
+                    "application/x-ndjson": {"schema": ref("ResultOut")}}}, **problems(404, 422)}}},
+            "/v1/jobs/{job_id}/cancel": {"post": {
+                "summary": "Cancel: queued items do not run, running ones finish", "operationId": "cancelJob",
+                "parameters": [JOB_ID], "responses": {"200": {"description": "The job", **body("JobOut")},
+                                                      **problems(404, 409)}}},
+            "/generate": {"post": {
+                "summary": "Generate for one prompt synchronously (through the queue, top priority)",
+                "operationId": "generate", "requestBody": {"required": True, **body("GenerateRequest")},
+                "responses": {"200": {"description": "Text and stats", **body("GenerateOut")},
+                              **problems(400, 415, 422, 502, 503, 504)}}},
+            "/health": {"get": {
+                "summary": "Database, broker and a worker on the batch queue", "operationId": "health",
+                "responses": {"200": {"description": "All up", **body("HealthOut")}, **problems(503)}}},
+            "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
+                                      "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+        },
+        "components": {"schemas": top["$defs"]},
+    }
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return spec()

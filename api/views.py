@@ -1,0 +1,366 @@
+"""/v1/jobs and /generate."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import time
+import uuid
+from datetime import datetime
+
+from flask import Blueprint, Response, current_app, jsonify, request, url_for
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import insert, select, tuple_
+from sqlalchemy.exc import IntegrityError
+
+from jobs import lifecycle
+from jobs.models import Item, ItemResult, Job
+from jobs.queue import BROKER_ERRORS, MAX_PRIORITY, enqueue_unsent
+
+from . import limits
+from .errors import ApiError, invalid, validation_errors
+from .schemas import (DEFAULT_PARAMS, GenerateOut, GenerateRequest, ItemIn, JobCreate, JobList, JobOptions, JobOut,
+                      ListJobsQuery, ResultList, ResultOut, ResultsQuery)
+
+bp = Blueprint("jobs", __name__)
+MAX_REPORTED_ERRORS = 50
+PARAM_ORDER = [*DEFAULT_PARAMS, "measure_baseline"]
+
+
+def state():
+    return current_app.extensions["jobs"]
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+def validate(model: type[BaseModel], data, prefix=(), lines=None):
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid(validation_errors(exc, prefix, lines)[:MAX_REPORTED_ERRORS]) from None
+
+
+def json_body():
+    if request.mimetype != "application/json":
+        raise ApiError(415, "Unsupported Media Type", "send Content-Type: application/json")
+    try:
+        return json.loads(request.get_data())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid([{"field": "body", "message": f"not valid JSON: {exc}", "type": "json_invalid"}], 400,
+                      "Malformed JSON") from None
+
+
+def too_many(count: int) -> ApiError:
+    limit = state().settings.max_items_per_job
+    return invalid([{"field": "items", "message": f"{count} items or more; a job holds at most {limit}",
+                     "type": "too_long"}], 413, "Too many items")
+
+
+def read_submission() -> JobCreate:
+    """A JSON job body, or a multipart upload: `file` = JSONL (one item per line), `job` = JSON of the job fields."""
+    max_items = state().settings.max_items_per_job
+    if request.mimetype != "multipart/form-data":
+        data = json_body()
+        if isinstance(data, dict) and isinstance(data.get("items"), list) and len(data["items"]) > max_items:
+            raise too_many(len(data["items"]))
+        return validate(JobCreate, data)
+
+    upload = request.files.get("file")
+    if upload is None:
+        raise invalid([{"field": "file", "message": "a JSONL file part named 'file' is required",
+                        "type": "missing"}])
+    try:
+        options = json.loads(request.form.get("job", "{}"))
+    except ValueError as exc:
+        raise invalid([{"field": "job", "message": f"not valid JSON: {exc}", "type": "json_invalid"}], 400,
+                      "Malformed JSON") from None
+    options = validate(JobOptions, options, prefix=("job",))
+    items, lines = [], []
+    for number, raw in enumerate(upload.stream, start=1):
+        if not raw.strip():
+            continue
+        if len(items) == max_items:
+            raise too_many(max_items + 1)
+        try:
+            items.append(json.loads(raw))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise invalid([{"field": "file", "line": number, "message": f"not valid JSON: {exc}",
+                            "type": "json_invalid"}], 400, "Malformed JSONL") from None
+        lines.append(number)
+    return validate(JobCreate, {**options.model_dump(), "items": items}, lines=lines)
+
+
+def idempotency_key() -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not (1 <= len(key) <= 255 and key.isprintable()):
+        raise invalid([{"field": "Idempotency-Key", "message": "1 to 255 printable characters",
+                        "type": "string_type"}])
+    return key
+
+
+# ------------------------------------------------------------------------------------------ job creation
+def job_params(job: JobCreate) -> dict:
+    """The job's params with defaults filled in (what the API reports)."""
+    return {**DEFAULT_PARAMS, **job.params.model_dump(exclude_none=True)}
+
+
+def item_params(params: dict, item: ItemIn) -> dict:
+    """An item's effective decode params: defaults < job params < the item's overrides."""
+    own = item.model_dump(exclude_none=True, exclude={"custom_id", "prompt"})
+    return {k: v for k, v in {**params, **own}.items() if k != "measure_baseline"}
+
+
+def check_items(job: JobCreate, single: bool = False) -> list[str]:
+    """Checks that need the settings or the model: custom_id uniqueness, max_new_tokens, prompt vs context.
+    Returns the custom ids (defaulting to the position). `single`: name fields as POST /generate's body does."""
+    settings, params = state().settings, job_params(job)
+    errors, seen, custom_ids = [], {}, []
+    for i, item in enumerate(job.items):
+        custom_id = item.custom_id if item.custom_id is not None else str(i)
+        if custom_id in seen:
+            errors.append({"field": f"items[{i}].custom_id", "type": "value_error",
+                           "message": f"duplicate custom_id {custom_id!r} (also items[{seen[custom_id]}])"})
+        seen.setdefault(custom_id, i)
+        custom_ids.append(custom_id)
+        effective = item_params(params, item)
+        if effective["max_new_tokens"] > settings.max_new_tokens_limit:
+            where = "params." if item.max_new_tokens is None else f"items[{i}]."
+            errors.append({"field": ("" if single else where) + "max_new_tokens",
+                           "type": "less_than_equal",
+                           "message": f"at most {settings.max_new_tokens_limit} on this server"})
+        elif message := limits.too_long(settings.target, job.type, item.prompt, effective["max_new_tokens"]):
+            errors.append({"field": "prompt" if single else f"items[{i}].prompt", "type": "too_long",
+                           "message": message})
+        if len(errors) >= MAX_REPORTED_ERRORS:
+            break
+    if errors:
+        raise invalid(errors)
+    return custom_ids
+
+
+def baseline_sample(total: int, size: int) -> set[int]:
+    """Positions of the items also decoded without speculation: `size` of them, spread over the job."""
+    n = min(total, size)
+    return {j * total // n for j in range(n)} if n else set()
+
+
+def store_and_enqueue(job_in: JobCreate, key: str | None, custom_ids: list[str]) -> tuple[Job, bool]:
+    """Create the job (or find the one this Idempotency-Key made) and send its unsent items to the queue.
+    Returns (job, replayed)."""
+    s = state()
+    digest = hashlib.sha256(job_in.model_dump_json().encode()).hexdigest()
+
+    def find(session):
+        return session.scalar(select(Job).where(Job.idempotency_key == key)) if key else None
+
+    with s.Session() as session:
+        job = find(session)
+        replayed = job is not None
+        if job is None:
+            job = _create(session, job_in, key, digest, custom_ids)
+            try:
+                session.commit()
+            except IntegrityError:  # a concurrent request with the same key won
+                session.rollback()
+                job, replayed = find(session), True
+                if job is None:
+                    raise
+        if replayed and job.request_hash != digest:
+            raise ApiError(409, "Idempotency-Key reused", "this Idempotency-Key was used for a different request",
+                           job_id=str(job.id))
+        try:
+            enqueue_unsent(session, s.celery, job_id=job.id)
+            session.commit()
+        except BROKER_ERRORS as exc:
+            session.rollback()
+            raise ApiError(503, "Broker unavailable",
+                           f"the job is stored but its items could not be queued ({exc.__class__.__name__}); they "
+                           "are sent when the broker is back (beat retries every minute) or when this request is "
+                           "repeated with the same Idempotency-Key", job_id=str(job.id)) from None
+        session.refresh(job)
+        return job, replayed
+
+
+def _create(session, job_in: JobCreate, key, digest, custom_ids) -> Job:
+    params = job_params(job_in)
+    job = Job(type=job_in.type, priority=job_in.priority, params=params, metadata_=job_in.metadata,
+              idempotency_key=key, request_hash=digest, total_items=len(job_in.items))
+    session.add(job)
+    session.flush()
+    sample = baseline_sample(len(job_in.items), state().settings.baseline_sample_size) \
+        if params["measure_baseline"] else set()
+    session.execute(insert(Item), [
+        {"job_id": job.id, "idx": i, "custom_id": custom_ids[i], "prompt": item.prompt,
+         "params": item_params(params, item), "baseline_sample": i in sample}
+        for i, item in enumerate(job_in.items)])
+    return job
+
+
+# ------------------------------------------------------------------------------------------ presentation
+def job_stats(job: Job) -> dict:
+    tau = job.accepted_tokens / job.rounds if job.rounds else None
+    tps = job.new_tokens / job.decode_time_s if job.decode_time_s > 0 else None
+    sample_tps = base_tps = speedup = kind = None
+    if job.sample_items and job.sample_decode_time_s > 0 and job.baseline_decode_time_s > 0:
+        sample_tps = job.sample_new_tokens / job.sample_decode_time_s
+        base_tps = job.baseline_new_tokens / job.baseline_decode_time_s
+        if base_tps > 0:
+            speedup, kind = sample_tps / base_tps, "measured"
+    elif tps and job.target_forwards:
+        # Vanilla decoding needs one target forward per new token; speculation needed target_forwards.
+        speedup = job.new_tokens / job.target_forwards
+        base_tps, kind = tps / speedup, "estimated"
+    return {"new_tokens": job.new_tokens, "target_forwards": job.target_forwards, "mean_accept_length": tau,
+            "tokens_per_s": tps, "decode_time_s": job.decode_time_s, "baseline_tokens_per_s": base_tps,
+            "speedup": speedup, "speedup_kind": kind, "baseline_sample_items": job.sample_items,
+            "sample_tokens_per_s": sample_tps}
+
+
+def job_out(job: Job) -> dict:
+    done = job.completed_items + job.failed_items + job.cancelled_items
+    return JobOut(
+        id=str(job.id), type=job.type, status=job.status, priority=job.priority,
+        params={k: job.params[k] for k in PARAM_ORDER if k in job.params},  # JSONB does not keep key order
+        metadata=job.metadata_, progress=done / job.total_items if job.total_items else 1.0,
+        item_counts={"total": job.total_items, "completed": job.completed_items, "failed": job.failed_items,
+                     "cancelled": job.cancelled_items},
+        created_at=job.created_at, started_at=job.started_at, cancel_requested_at=job.cancel_requested_at,
+        finished_at=job.finished_at, stats=job_stats(job),
+    ).model_dump(mode="json")
+
+
+def result_out(item: Item, result: ItemResult) -> dict:
+    return ResultOut(custom_id=item.custom_id, index=item.idx, status=item.status, output=result.output,
+                     error={"message": result.error} if result.error is not None else None, stats=result.stats,
+                     baseline_stats=result.baseline_stats).model_dump(mode="json")
+
+
+def get_job(session, job_id: str) -> Job:
+    try:
+        job = session.get(Job, uuid.UUID(job_id))
+    except ValueError:
+        job = None
+    if job is None:
+        raise ApiError(404, "Not Found", f"no job {job_id!r}")
+    return job
+
+
+def accepted(job: Job, replayed: bool):
+    response = jsonify(job_out(job))
+    response.status_code = 202
+    response.headers["Location"] = url_for(".get_job_view", job_id=str(job.id))
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
+
+
+# ------------------------------------------------------------------------------------------------ routes
+@bp.post("/v1/jobs")
+def create_job():
+    key = idempotency_key()
+    job_in = read_submission()
+    custom_ids = check_items(job_in)
+    return accepted(*store_and_enqueue(job_in, key, custom_ids))
+
+
+@bp.get("/v1/jobs/<job_id>")
+def get_job_view(job_id: str):
+    with state().Session() as session:
+        return job_out(get_job(session, job_id))
+
+
+def encode_cursor(job: Job) -> str:
+    raw = json.dumps([job.created_at.isoformat(), str(job.id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        created_at, job_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return datetime.fromisoformat(created_at), uuid.UUID(job_id)
+    except (ValueError, TypeError):
+        raise invalid([{"field": "after", "message": "not a cursor this API returned", "type": "value_error"}]) \
+            from None
+
+
+@bp.get("/v1/jobs")
+def list_jobs():
+    query = validate(ListJobsQuery, request.args.to_dict())
+    statement = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(query.limit + 1)
+    if query.status:
+        statement = statement.where(Job.status.in_(query.status.split(",")))
+    if query.after:
+        statement = statement.where(tuple_(Job.created_at, Job.id) < decode_cursor(query.after))
+    with state().Session() as session:
+        jobs = session.scalars(statement).all()
+    page = jobs[:query.limit]
+    has_more = len(jobs) > query.limit
+    return JobList(data=[job_out(j) for j in page], has_more=has_more,
+                   next_cursor=encode_cursor(page[-1]) if has_more else None).model_dump(mode="json")
+
+
+def results_page(session, job_id, after: int, limit: int):
+    return session.execute(select(Item, ItemResult).join(ItemResult)
+                           .where(Item.job_id == job_id, Item.idx > after).order_by(Item.idx).limit(limit)).all()
+
+
+@bp.get("/v1/jobs/<job_id>/results")
+def job_results(job_id: str):
+    """Finished items (completed, failed, cancelled) in input order; `?format=jsonl` streams all of them."""
+    query = validate(ResultsQuery, request.args.to_dict())
+    Session = state().Session
+    with Session() as session:
+        job = get_job(session, job_id)
+        if query.format == "json":
+            rows = results_page(session, job.id, query.after if query.after is not None else -1, query.limit + 1)
+            page, has_more = rows[:query.limit], len(rows) > query.limit
+            return ResultList(data=[result_out(*row) for row in page], has_more=has_more,
+                              next_cursor=page[-1][0].idx if has_more else None).model_dump(mode="json")
+
+    def lines(after=-1 if query.after is None else query.after, chunk=500):
+        while True:
+            with Session() as session:
+                rows = results_page(session, job.id, after, chunk)
+            for row in rows:
+                yield json.dumps(result_out(*row)) + "\n"
+            if len(rows) < chunk:
+                return
+            after = rows[-1][0].idx
+
+    return Response(lines(), mimetype="application/x-ndjson")
+
+
+@bp.post("/v1/jobs/<job_id>/cancel")
+def cancel_job(job_id: str):
+    with state().Session() as session:
+        job = get_job(session, job_id)
+        try:
+            job = lifecycle.cancel(session, job.id)
+        except lifecycle.Conflict as exc:
+            raise ApiError(409, "Conflict", str(exc)) from None
+        session.commit()
+        return job_out(job)
+
+
+@bp.post("/generate")
+def generate():
+    """One prompt through the same queue at top priority; waits up to GENERATE_TIMEOUT_S for the result."""
+    body = validate(GenerateRequest, json_body())
+    job_in = JobCreate(type="generation", priority=MAX_PRIORITY, metadata={"source": "generate"},
+                       items=[ItemIn(**body.model_dump())])
+    job, _ = store_and_enqueue(job_in, None, check_items(job_in, single=True))
+    s = state()
+    deadline, pause = time.monotonic() + s.settings.generate_timeout_s, 0.02
+    while True:
+        with s.Session() as session:
+            row = session.execute(select(Item, ItemResult).join(ItemResult).where(Item.job_id == job.id)).first()
+        if row is not None:
+            result = row[1]
+            if result.error is not None:
+                raise ApiError(502, "Generation failed", result.error, job_id=str(job.id))
+            return GenerateOut(text=result.output["text"], token_ids=result.output["token_ids"],
+                               stats=result.stats, job_id=str(job.id)).model_dump(mode="json")
+        if time.monotonic() > deadline:
+            raise ApiError(504, "Timeout", f"no result within {s.settings.generate_timeout_s:g} s; the job "
+                           "continues: poll GET /v1/jobs/{job_id}", job_id=str(job.id))
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
