@@ -1,0 +1,97 @@
+"""Decode a batch of items: claim them, decode together (grouped by decode params), record results.
+
+Idempotent by construction: claiming skips finished items, and each result row is inserted once (primary key =
+item id). A batch delivered twice therefore neither loses nor duplicates a result. No transaction is open while
+the model runs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import defaultdict
+
+from jobs import lifecycle, review
+from jobs.lifecycle import Claimed, Outcome
+
+log = logging.getLogger(__name__)
+LABELS = list(review.LABELS)
+
+
+def process(Session, engine, item_ids: list[int], max_attempts: int) -> int:
+    """Returns the number of results written."""
+    with Session.begin() as session:
+        claimed, gave_up = lifecycle.claim(session, sorted(set(item_ids)), max_attempts)
+        written = lifecycle.record(session, gave_up)
+    if claimed:
+        outcomes = decode(engine, claimed)
+        with Session.begin() as session:
+            written += lifecycle.record(session, outcomes)
+    return written
+
+
+def decode(engine, items: list[Claimed]) -> list[Outcome]:
+    """Items with the same job type, decode params and baseline-sample flag are decoded in one generate() call.
+    A group that raises is retried one item at a time, so one bad item fails alone."""
+    groups: dict[tuple, list[Claimed]] = defaultdict(list)
+    for item in items:
+        groups[(item.job_type, item.baseline_sample, json.dumps(item.params, sort_keys=True))].append(item)
+    outcomes = []
+    for group in groups.values():
+        try:
+            outcomes += decode_group(engine, group)
+        except Exception as exc:  # noqa: BLE001 - isolate, then record the failure on the item
+            if len(group) == 1:
+                log.warning("item %d failed: %r", group[0].id, exc)
+                outcomes.append(Outcome(group[0].id, error=f"{exc.__class__.__name__}: {exc}"))
+            else:
+                log.warning("a batch of %d failed (%r); decoding its items one by one", len(group), exc)
+                outcomes += [o for item in group for o in decode(engine, [item])]
+    return outcomes
+
+
+def decode_group(engine, group: list[Claimed]) -> list[Outcome]:
+    params = group[0].params
+    decoder = engine.decoder(params["parallel_degree"], params["validation_threshold"])
+    if group[0].job_type == "review":
+        verdicts = [label_of(decoder, item.prompt) for item in group]
+        prompts = [review.rationale_prompt(item.prompt, verdict["label"]) for item, verdict in zip(group, verdicts)]
+    else:
+        verdicts, prompts = None, [item.prompt for item in group]
+    spec = generate(engine, decoder, prompts, params, speculative=True)
+    base = generate(engine, decoder, prompts, params, speculative=False) if group[0].baseline_sample else None
+    outcomes = []
+    for i, item in enumerate(group):
+        result, stats = spec[i]
+        if verdicts is None:
+            output = {"text": result.text, "token_ids": result.token_ids}
+        else:
+            output = {**verdicts[i], "rationale": result.text}
+        outcomes.append(Outcome(item.id, output=output, stats=stats, baseline_stats=base[i][1] if base else None))
+    return outcomes
+
+
+def generate(engine, decoder, prompts: list[str], params: dict, speculative: bool):
+    """decoder.generate over the prompts; each item's stats get its share of the call's wall time (by new tokens),
+    which is what job throughput is computed from."""
+    results = decoder.generate(prompts, max_new_tokens=params["max_new_tokens"], temperature=params["temperature"],
+                               top_p=params["top_p"], top_k=params["top_k"], batch_size=engine.batch_size,
+                               speculative=speculative, seed=params.get("seed"))
+    wall = decoder.last_stats["wall_time_s"]
+    total = sum(len(r.token_ids) for r in results)
+    out = []
+    for r in results:
+        share = wall * len(r.token_ids) / total if total else wall / len(results)
+        out.append((r, {**r.stats, "finish_reason": r.finish_reason, "batch_items": len(prompts),
+                        "time_share_s": share}))
+    return out
+
+
+def label_of(decoder, text: str) -> dict:
+    """The verdict from the target's probabilities of each label as the start of its reply (no text parsing)."""
+    logprobs = decoder.score_options(review.classification_prompt(text), LABELS)
+    top = max(logprobs)
+    weights = [math.exp(lp - top) for lp in logprobs]
+    probs = [w / sum(weights) for w in weights]
+    best = max(range(len(LABELS)), key=probs.__getitem__)
+    return {"label": LABELS[best], "score": probs[best], "label_scores": dict(zip(LABELS, probs))}
