@@ -1,0 +1,173 @@
+"""Shared fixtures for the job-system tests: a fresh Postgres database migrated with Alembic, a unique Celery queue on
+the real Redis, and a real Celery worker subprocess (tiny target). Nothing is mocked.
+
+The environment is set here, before any project module reads it, so every part (API app, worker subprocess,
+helpers) agrees on the database, queue and target of this test session.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_ID = secrets.token_hex(4)
+SERVER_URL = make_url(os.environ.get("DATABASE_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"))
+TEST_DB = f"test_{RUN_ID}"
+QUEUE = f"test-{RUN_ID}"
+os.environ.update({
+    "DATABASE_URL": SERVER_URL.set(database=TEST_DB).render_as_string(hide_password=False),
+    "EAGLE3_TARGET": "tiny",
+    "CELERY_QUEUE": QUEUE,
+    "BATCH_SIZE": "8",
+    "BATCH_FLUSH_INTERVAL": "0.3",
+    "BASELINE_SAMPLE_SIZE": "4",
+    "GENERATE_TIMEOUT_S": "60",
+})
+
+JOB_TEST_FILES = ("test_api_", "test_worker_", "test_migrations")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:  # a hung queue test fails in 120 s rather than stalling CI for the global 600 s
+        if item.fspath.basename.startswith(JOB_TEST_FILES) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(120))
+
+
+def admin_engine():
+    return create_engine(SERVER_URL, isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture(scope="session")
+def database():
+    """A fresh database for this session, at Alembic head; dropped afterwards."""
+    from alembic import command
+    from alembic.config import Config
+
+    admin = admin_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{TEST_DB}"'))
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("sqlalchemy.url", os.environ["DATABASE_URL"].replace("%", "%%"))
+    command.upgrade(config, "head")
+    yield os.environ["DATABASE_URL"]
+    from jobs.db import get_engine
+
+    for engine in (get_engine(os.environ["DATABASE_URL"]),):
+        engine.dispose()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{TEST_DB}" WITH (FORCE)'))
+    admin.dispose()
+
+
+class WorkerProcess:
+    """`python -m celery -A worker worker` in a subprocess, on its own queue(s)."""
+
+    def __init__(self, queue: str, log_path: Path, **env):
+        self.queue, self.log_path = queue, log_path
+        self.name = f"{queue}@{os.uname().nodename}"
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", f"{queue},{queue}.maint",
+             "--pool=prefork", "--concurrency=1", "-n", self.name, "--loglevel=INFO",
+             "--without-gossip", "--without-mingle"],
+            cwd=ROOT, env={**os.environ, "CELERY_QUEUE": queue, **env}, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Until the worker consumes our queue and its pool child has loaded the model."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.tail()}")
+            if b"loaded target" in self.log_path.read_bytes() and b" ready." in self.log_path.read_bytes():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"worker not ready after {timeout} s:\n{self.tail()}")
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log_path.read_bytes()[-n:].decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # warm shutdown
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def purge_queue(queue: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    keys = list(client.scan_iter(match=f"{queue}*"))
+    if keys:
+        client.delete(*keys)
+    for binding in client.scan_iter(match="_kombu.binding.*"):
+        for member in client.smembers(binding):
+            if queue.encode() in member:
+                client.srem(binding, member)
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def worker(database, tmp_path_factory):
+    proc = WorkerProcess(QUEUE, tmp_path_factory.mktemp("worker") / "worker.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+        purge_queue(QUEUE)
+
+
+@pytest.fixture(scope="session")
+def app(database):
+    from api import create_app
+
+    return create_app()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def prompts(n: int, prefix: str = "Tell me about") -> list[dict]:
+    return [{"custom_id": f"item-{i}", "prompt": f"{prefix} topic {i}."} for i in range(n)]
+
+
+def submit(client, body: dict, headers: dict | None = None) -> dict:
+    response = client.post("/v1/jobs", json=body, headers=headers or {})
+    assert response.status_code == 202, response.get_json()
+    return response.get_json()
+
+
+def wait_for(client, job_id: str, statuses=("completed", "failed", "cancelled"), timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").get_json()
+        if job["status"] in statuses:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s: {job}")
+        time.sleep(0.1)
+
+
+def all_results(client, job_id: str) -> list[dict]:
+    response = client.get(f"/v1/jobs/{job_id}/results?format=jsonl")
+    assert response.status_code == 200
+    import json
+
+    return [json.loads(line) for line in response.get_data(as_text=True).splitlines()]
