@@ -1,0 +1,109 @@
+"""Self-distillation data: the target answers prompts (batched; greedy, plus a sampled share) and we keep, per
+sequence, the token ids, the target's EAGLE-3 features (float16) and its argmax at every response position.
+
+Features come for free from the decode itself (every forward returns them), so no second pass is needed. Output is
+written in shards of `shard_size` prompts; finished shards are skipped on restart (resumable)."""
+import json
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .verify import warp
+
+
+@torch.no_grad()
+def answer_batch(target, prompts, max_new_tokens, sample_rows, temperature=0.7, generator=None):
+    """Decode a batch with plain autoregressive steps. Returns dicts with tokens [L], feats [L-1, 3h] (feature of
+    each token that was fed), labels [L-1] (target argmax after each position; -1 inside the prompt) and
+    prompt_len."""
+    model, dev = target.model, target.device
+    ids = [target.encode_prompt(p) for p in prompts]
+    B = len(ids)
+    lens = torch.tensor([len(x) for x in ids], device=dev)
+    T = int(lens.max())
+    tokens = torch.zeros(B, T, dtype=torch.long, device=dev)
+    for b, x in enumerate(ids):
+        tokens[b, : len(x)] = torch.tensor(x)
+    pos = torch.arange(T, device=dev).expand(B, T)
+    eye = torch.eye(T, dtype=torch.bool, device=dev)
+    mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril() & (pos < lens[:, None])[:, None, :] | eye
+    cache = model.new_cache(B, T + max_new_tokens + 1)
+    logits, feats = model(tokens, pos, cache, mask, logits_at=(lens - 1)[:, None])
+    cache.lens.copy_(lens)
+    seq_feats = [[feats[b, : lens[b]].half().cpu()] for b in range(B)]
+    seq_labels = [[-1] * (int(lens[b]) - 1) for b in range(B)]
+    out_tok = [[] for _ in range(B)]
+    live = list(range(B))  # batch row -> sequence; finished rows leave the batch
+    sample = torch.tensor(sample_rows, device=dev)
+    eos = set(target.eos_ids)
+    for step in range(max_new_tokens):
+        lg = logits[:, -1]
+        greedy = lg.argmax(-1)
+        drawn = torch.multinomial(warp(lg, temperature), 1, generator=generator)[:, 0] if sample.any() else greedy
+        nxt = torch.where(sample, drawn, greedy)
+        g, n = greedy.tolist(), nxt.tolist()
+        keep = []
+        for i, b in enumerate(live):
+            seq_labels[b].append(g[i])
+            out_tok[b].append(n[i])
+            if n[i] not in eos:
+                keep.append(i)
+        if not keep or step == max_new_tokens - 1:
+            break
+        if len(keep) < len(live):
+            idx = torch.tensor(keep, device=dev)
+            cache.keep(idx)
+            nxt, sample, live = nxt[idx], sample[idx], [live[i] for i in keep]
+        logits, feats = model(nxt[:, None], cache.lens[:, None], cache,
+                              torch.ones(len(live), 1, 1, dtype=torch.bool, device=dev))
+        cache.lens += 1
+        f = feats[:, 0].half().cpu()
+        for i, b in enumerate(live):
+            seq_feats[b].append(f[i: i + 1])
+    out = []
+    for b in range(B):
+        toks = ids[b] + out_tok[b]
+        f = torch.cat(seq_feats[b])[: len(toks) - 1]
+        out.append(dict(tokens=torch.tensor(toks, dtype=torch.int32), feats=f,
+                        labels=torch.tensor(seq_labels[b][: len(toks) - 1], dtype=torch.int32), prompt_len=len(ids[b])))
+    return out
+
+
+def generate_dataset(target, prompts, out_dir, max_new_tokens=160, batch_size=16, sample_share=0.25,
+                     temperature=0.7, shard_size=128, seed=0):
+    """Answer `prompts` (list of str) with the target and write shards under out_dir. Resumable."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device=target.device).manual_seed(seed)
+    n_shards = (len(prompts) + shard_size - 1) // shard_size
+    bar = tqdm(total=len(prompts), desc="self-distillation", unit="prompt")
+    for s in range(n_shards):
+        path = out_dir / f"shard_{s:05d}.pt"
+        chunk = prompts[s * shard_size: (s + 1) * shard_size]
+        if path.exists():
+            bar.update(len(chunk))
+            continue
+        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))  # similar lengths: less padding
+        seqs = [None] * len(chunk)
+        for i in range(0, len(order), batch_size):
+            idx = order[i: i + batch_size]
+            rows = [(s * shard_size + j) % int(1 / sample_share) == 0 if sample_share else False for j in idx]
+            for j, r in zip(idx, answer_batch(target, [chunk[j] for j in idx], max_new_tokens, rows, temperature, gen)):
+                seqs[j] = r
+            bar.update(len(idx))
+            bar.set_postfix(tokens=sum(len(x["tokens"]) for x in seqs if x is not None))
+        tmp = path.with_suffix(".tmp")
+        torch.save(seqs, tmp)
+        tmp.rename(path)  # atomic: an interrupted shard is redone, never half-read
+    bar.close()
+    (out_dir / "meta.json").write_text(json.dumps(dict(target=target.name, prompts=len(prompts),
+                                                       max_new_tokens=max_new_tokens, sample_share=sample_share,
+                                                       temperature=temperature, feature_layers=target.config.feature_layers)))
+
+
+def load_dataset(data_dir):
+    seqs = []
+    for f in sorted(Path(data_dir).glob("shard_*.pt")):
+        seqs.extend(torch.load(f, weights_only=True))
+    return seqs

@@ -1,0 +1,107 @@
+"""Prompt sets for self-distillation and evaluation: instruction templates x topics, in seven categories.
+
+The held-out set uses topics and texts the training set never sees, with the same categories, so evaluation
+measures generalisation rather than memorised answers."""
+import random
+
+TRAIN_TOPICS = """photosynthesis; black holes; the French Revolution; machine learning; climate change; the immune system;
+volcanoes; the stock market; the Roman Empire; quantum computing; coffee; honeybees; the internet; democracy;
+plate tectonics; vaccines; the moon landing; electric cars; recycling; the water cycle; dinosaurs; jazz music;
+the printing press; solar panels; sleep; meditation; the human heart; rainforests; inflation; the Olympic Games;
+chess; origami; the Great Wall of China; penguins; blockchain; DNA; gravity; the Renaissance; pizza; tea ceremonies;
+earthquakes; the Industrial Revolution; nuclear energy; social media; the Amazon river; hurricanes; yoga;
+the periodic table; whales; wind turbines; ancient Egypt; the theory of evolution; bread baking; volunteering;
+public libraries; the Silk Road; coral reefs; antibiotics; robotics; the Cold War; marathon running; mushrooms;
+the Moon; Mars exploration; classical music; urban gardening; time zones; the Eiffel Tower; glaciers; bicycles;
+cryptography; the human brain; friendship; minimalism; deserts; the Beatles; 3D printing; vitamins; the Vikings;
+tsunamis; composting; cloud computing; the Milky Way; rainbows; electricity; magnets; the Sahara; sharks; tango;
+the Pyramids; video games; hydropower; the Declaration of Independence; ants; chocolate; language learning;
+public speaking; remote work; the Titanic; microplastics; bees and pollination; the speed of light; sushi;
+painting with watercolours; the metric system; lighthouses; owls; the stock exchange; budgeting; first aid;
+kites; opera; telescopes; the Arctic; rivers; trains; the Mayan civilisation; algebra; probability; poetry;
+knitting; camping; skyscrapers; elephants; fermentation; wildfires; smartphones; the Nile; satellites; ballet;
+mountains; cheese making; the ocean tides; birds migration; the printing of money; submarines; sound waves;
+photography; the post office; hiking safety; weather forecasting; tigers; the Internet of Things; salt; maps;
+the history of writing; sugar; open source software; the bicycle chain; rain; volcanic islands; bridges""".replace("\n", " ")
+
+HELDOUT_TOPICS = """the Hubble telescope; octopuses; the Ottoman Empire; desalination; bamboo; the Hanseatic League;
+lichens; the Doppler effect; hot air balloons; the Andes; lithium batteries; the Byzantine Empire; seahorses;
+carbon capture; the Aztec calendar; harmonicas; geothermal energy; the Panama Canal; fireflies; the abacus;
+sourdough starters; sea turtles; the Fibonacci sequence; aurora borealis; wool; the Suez Canal; stained glass;
+radio waves; beekeeping; the Gobi desert""".replace("\n", " ")
+
+TEMPLATES = {
+    "question": ["What is {t}?", "Why is {t} important?", "How does {t} work?", "What are the main facts about {t}?",
+                 "Who should learn about {t}, and why?", "What is a common misconception about {t}?",
+                 "When did people first start studying {t}?", "What would happen if {t} disappeared?"],
+    "explanation": ["Explain {t} to a ten-year-old.", "Explain {t} in one paragraph.",
+                    "Give a short, clear explanation of {t}.", "Describe {t} in simple terms.",
+                    "Explain the history of {t} briefly.", "Explain how {t} affects everyday life."],
+    "list": ["List five facts about {t}.", "Give three reasons to care about {t}.",
+             "List the pros and cons of {t}.", "Name four things everyone should know about {t}.",
+             "Write a numbered list of tips related to {t}.", "List three questions a student might ask about {t}."],
+    "code": ["Write a Python function that returns a fun fact about {t}.",
+             "Write a Python class that stores notes about {t}.",
+             "Write a short Python script that prints a quiz question about {t}.",
+             "Write a JavaScript function that counts words in a sentence about {t}.",
+             "Write a SQL table definition for a database of {t} facts.",
+             "Write a Python function that sorts a list of numbers, with a comment mentioning {t}."],
+    "rewriting": ["Rewrite this sentence to be more formal: '{s}'", "Rewrite this in simpler words: '{s}'",
+                  "Make this sentence more exciting: '{s}'", "Fix the grammar in this sentence: '{s}'",
+                  "Translate this sentence into plain English for a child: '{s}'"],
+    "summarising": ["Summarise in one sentence: '{p}'", "Give a short summary of this text: '{p}'",
+                    "What is the main idea of this passage? '{p}'", "Summarise this for a busy reader: '{p}'"],
+    "classification": ["Is the following review positive or negative? '{r}'",
+                       "Classify the sentiment of this text as positive, negative or neutral: '{r}'",
+                       "Is this message spam or not spam? '{m}'", "Which topic is this sentence about: '{s}'",
+                       "Is this statement a fact or an opinion? '{o}'"],
+}
+
+_SENTENCE = ["{T} is something many people find interesting.", "i think {t} are really cool and stuff",
+             "Scientists have studied {t} for many years.", "we was learning about {t} in class yesterday",
+             "{T} can change the way we live.", "Nobody really understands {t} completely."]
+_PASSAGE = ["{T} has a long history. Over time, people have learned more about it, and today it plays a role in "
+            "science, culture and daily life. Many experts believe there is still much to discover.",
+            "People often talk about {t}. Some think it is simple, but it is actually complex. Learning about it "
+            "helps us understand the world, and schools teach it to students of all ages."]
+_REVIEW = ["I loved the documentary about {t}, it was fantastic!", "The book on {t} was boring and too long.",
+           "The museum exhibit about {t} was okay, nothing special.", "Terrible guide to {t}. Waste of money.",
+           "This course on {t} changed my life. Highly recommended."]
+_MESSAGE = ["Congratulations! You won a free trip to learn about {t}. Click here now!",
+            "Hi, can we meet tomorrow to discuss our project on {t}?",
+            "URGENT: your account about {t} will be closed, send your password today.",
+            "Thanks for the notes on {t}, see you in class."]
+_OPINION = ["{T} is the most beautiful thing in the world.", "{T} was first studied more than a hundred years ago.",
+            "Everyone should spend more time learning about {t}."]
+
+
+def _fill(template, topic, rng):
+    T = topic[0].upper() + topic[1:]
+    fill = lambda xs: rng.choice(xs).format(t=topic, T=T)  # noqa: E731
+    return template.format(t=topic, s=fill(_SENTENCE), p=fill(_PASSAGE), r=fill(_REVIEW), m=fill(_MESSAGE),
+                           o=fill(_OPINION))
+
+
+def _topics(text):
+    return [t.strip() for t in text.split(";") if t.strip()]
+
+
+def _make(topics, n, seed):
+    rng = random.Random(seed)
+    cats = list(TEMPLATES)
+    seen, out = set(), []
+    while len(out) < n:
+        cat = cats[len(out) % len(cats)]  # balanced categories
+        p = _fill(rng.choice(TEMPLATES[cat]), rng.choice(topics), rng)
+        if p not in seen:
+            seen.add(p)
+            out.append({"category": cat, "prompt": p})
+    return out
+
+
+def training_prompts(n=2400, seed=0):
+    return _make(_topics(TRAIN_TOPICS), n, seed)
+
+
+def heldout_prompts(n=84, seed=1):
+    return _make(_topics(HELDOUT_TOPICS), n, seed)
