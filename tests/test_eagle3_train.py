@@ -1,0 +1,90 @@
+"""Training: the unrolled training-time-test forward equals what the head computes at inference, loss goes down,
+checkpoints resume, and the shipped head for the default target beats an untrained one."""
+import pytest
+import torch
+
+from eagle3 import Eagle3Head, SpeculativeDecoder, load_target
+from eagle3.data import answer_batch
+from eagle3.decoder import default_head_path
+from eagle3.train import draft_vocab_from_data, init_head, train, ttt_loss
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    target = load_target("tiny")
+    prompts = [f"prompt number {i} about {w}" for i, w in enumerate(["cats", "dogs", "tea", "rain"] * 6)]
+    return target, answer_batch(target, prompts, 24, [i % 3 == 0 for i in range(len(prompts))])
+
+
+def test_ttt_unroll_matches_inference(tiny_data):
+    target, seqs = tiny_data
+    s = seqs[0]
+    draft_ids, _ = draft_vocab_from_data(seqs, 259, target.config.vocab_size)
+    head = init_head(target, draft_ids).double()
+    tokens, feats, labels = s["tokens"][None].long(), s["feats"][None].double(), s["labels"][None].long()
+    T = labels.shape[1]
+    embed = target.model.embed_tokens
+    # inference path: head prefill over pairs (features at t, token t+1)
+    cache = head.new_cache(1, T + 4)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None]
+    out0 = head(embed(tokens[:, 1:T + 1]), head.fc(feats), torch.arange(T)[None], cache, causal)
+    # a depth-2 tree node at anchor t: input (token t+2, step-0 output at t), sees pairs 0..t and itself
+    t = T - 5
+    cache.lens[:] = t + 1
+    out1 = head(embed(tokens[:, t + 2: t + 3]), out0[:, t: t + 1], torch.tensor([[t + 1]]), cache,
+                torch.ones(1, 1, 1, dtype=torch.bool))
+    # training path: make every position a loss position and read the logits through a hook
+    labels = torch.where(torch.arange(T)[None] >= 1, labels.clamp(min=0), -1)
+    seen = []
+    hook = head.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+    try:
+        ttt_loss(head.train(), embed, tokens, feats, labels, steps=2)
+    finally:
+        hook.remove()
+    ref0 = head.logits(out0)[0, : T - 1]          # step 0 rows: anchors with a label at t+1
+    assert torch.allclose(seen[0], ref0, atol=1e-9)
+    ref1 = head.logits(out1)[0, 0]                 # step 1 rows: anchors 0..T-3; take anchor t
+    assert torch.allclose(seen[1][t], ref1, atol=1e-9)
+
+
+def test_training_reduces_loss_and_resumes(tiny_data, tmp_path):
+    target, seqs = tiny_data
+    _, hist = train(target, seqs, tmp_path, draft_vocab=200, epochs=12, max_tokens=400, lr=3e-3, ttt_steps=3,
+                    ckpt_every=5, log=lambda *_: None)
+    first = sum(h["loss"] for h in hist[:3]) / 3
+    last = sum(h["loss"] for h in hist[-3:]) / 3
+    assert last < 0.7 * first, (first, last)
+    head = Eagle3Head.from_pretrained(tmp_path)
+    assert head.config.draft_vocab_size == 200 and int(head.t2d.sum()) == 200
+    # resume: a finished run picks up at its last step and does not train further
+    _, hist2 = train(target, seqs, tmp_path, draft_vocab=200, epochs=12, max_tokens=400, lr=3e-3, ttt_steps=3,
+                     ckpt_every=5, log=lambda *_: None)
+    assert len(hist2) == len(hist)
+
+
+def test_trained_tiny_head_accepts_more_and_stays_lossless(tiny_data, tmp_path):
+    target, seqs = tiny_data
+    head, _ = train(target, seqs, tmp_path, draft_vocab=259, epochs=25, max_tokens=600, lr=3e-3, ttt_steps=3,
+                    ckpt_every=1000, log=lambda *_: None)
+    prompts = [f"prompt number {i} about cats" for i in range(6)]
+    untrained = SpeculativeDecoder(target, parallel_degree=3, depth=4, total_tokens=12)
+    trained = SpeculativeDecoder(target, draft=head, parallel_degree=3, depth=4, total_tokens=12)
+    van = untrained.generate(prompts, max_new_tokens=24, speculative=False)
+    a = untrained.generate(prompts, max_new_tokens=24)
+    b = trained.generate(prompts, max_new_tokens=24)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b] == [r.token_ids for r in van]
+    assert trained.last_stats["accept_length"] > untrained.last_stats["accept_length"] + 0.3
+
+
+def test_shipped_head_beats_untrained_on_default_target():
+    target = load_target()
+    path = default_head_path(target)
+    assert (path / "model.safetensors").exists(), f"no shipped head at {path}"
+    prompts = ["Explain why the sky is blue.", "List three tips for better sleep.", "What is a prime number?"]
+    shipped = SpeculativeDecoder(target)
+    untrained = SpeculativeDecoder(target, draft=init_head(target, torch.arange(8192)))
+    van = shipped.generate(prompts, max_new_tokens=32, speculative=False)
+    a = shipped.generate(prompts, max_new_tokens=32)
+    untrained.generate(prompts, max_new_tokens=32)
+    assert [r.token_ids for r in a] == [r.token_ids for r in van]
+    assert shipped.last_stats["accept_length"] > untrained.last_stats["accept_length"] + 1.0
