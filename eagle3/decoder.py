@@ -143,7 +143,7 @@ class SpeculativeDecoder:
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
         results = [None] * len(ids)
         totals = dict(new_tokens=0, target_forwards=0, rounds=0, accepted=0, draft_time_s=0.0, verify_time_s=0.0,
-                      wall_time_s=0.0)
+                      wall_time_s=0.0, accept_hist=[0] * (self.depth + 1))
         for s in range(0, len(order), batch_size):
             chunk = order[s: s + batch_size]
             for i, r in zip(chunk, self._decode_batch([list(ids[i]) for i in chunk], [limits[i] for i in chunk],
@@ -313,5 +313,6 @@ class SpeculativeDecoder:
                 rows.forwards[s] += 1
                 rows.rounds[s] += 1
                 rows.accepted[s] += ln[i]
+                totals["accept_hist"][ln[i] - 1] += 1  # rounds that emitted ln tokens
                 rows.emit(s, em[i][: ln[i]])
             yield
