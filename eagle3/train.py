@@ -34,13 +34,21 @@ def draft_vocab_from_data(seqs, size, vocab_size):
 
 
 def init_head(target, draft_ids, seed=0):
-    """Random head whose output side starts as the target's own (final norm, lm_head rows of the draft vocab)."""
+    """A head that starts out as "the target's high-layer features, read by the target's own output layer": fc
+    passes the high features through, the layer's residual branches start at zero (o_proj, down_proj), and norm +
+    lm_head are the target's (draft-vocabulary rows). Training then only has to learn the step ahead."""
     c = HeadConfig.for_target(target.config, draft_vocab_size=len(draft_ids))
     head = Eagle3Head.random(c, seed=seed)
     head.set_vocab(draft_ids)
+    h = c.hidden_size
     with torch.no_grad():
         head.lm_head.weight.copy_(target.model.lm_head.weight[draft_ids].float())
         head.norm.weight.copy_(target.model.norm.weight.float())
+        if c.target_hidden_size == h:
+            head.fc.weight.zero_()
+            head.fc.weight[:, 2 * h:] = torch.eye(h)
+        head.midlayer.self_attn.o_proj.weight.zero_()
+        head.midlayer.mlp.down_proj.weight.zero_()
     return head
 
 

@@ -3,7 +3,7 @@ checkpoints resume, and the shipped head for the default target beats an untrain
 import pytest
 import torch
 
-from eagle3 import Eagle3Head, SpeculativeDecoder, load_target
+from eagle3 import Eagle3Head, HeadConfig, SpeculativeDecoder, load_target
 from eagle3.data import answer_batch
 from eagle3.decoder import default_head_path
 from eagle3.train import draft_vocab_from_data, init_head, train, ttt_loss
@@ -19,8 +19,7 @@ def tiny_data():
 def test_ttt_unroll_matches_inference(tiny_data):
     target, seqs = tiny_data
     s = seqs[0]
-    draft_ids, _ = draft_vocab_from_data(seqs, 259, target.config.vocab_size)
-    head = init_head(target, draft_ids).double()
+    head = Eagle3Head.random(HeadConfig.for_target(target.config), seed=3, scale=0.3).double()
     tokens, feats, labels = s["tokens"][None].long(), s["feats"][None].double(), s["labels"][None].long()
     T = labels.shape[1]
     embed = target.model.embed_tokens
