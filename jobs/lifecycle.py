@@ -11,7 +11,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from .db import id_in
-from .models import ItemResult, Item, Job
+from .models import Item, ItemResult, Job
+
+JOB_FINAL = ("completed", "failed", "cancelled")
 
 
 @dataclass
@@ -82,6 +84,8 @@ def record(session: Session, outcomes: list[Outcome]) -> int:
     jobs = lock_jobs(session, job_of.values())
     rows = [{"item_id": o.item_id, "output": o.output, "error": o.error, "stats": o.stats,
              "baseline_stats": o.baseline_stats} for o in by_id.values() if o.item_id in job_of]
+    if not rows:  # the items no longer exist
+        return 0
     written = session.scalars(pg_insert(ItemResult).values(rows).on_conflict_do_nothing()
                               .returning(ItemResult.item_id)).all()
     for item_id in written:
@@ -117,7 +121,7 @@ def _count(job: Job, outcome: Outcome) -> None:
 
 
 def _finish_if_done(job: Job) -> None:
-    if job.status in ("completed", "failed", "cancelled"):
+    if job.status in JOB_FINAL:
         return
     if job.completed_items + job.failed_items + job.cancelled_items < job.total_items:
         return

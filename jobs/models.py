@@ -11,9 +11,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 JOB_TYPES = ("generation", "review")
 JOB_STATUSES = ("queued", "running", "completed", "failed", "cancelling", "cancelled")
-JOB_FINAL = ("completed", "failed", "cancelled")
 ITEM_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
-ITEM_FINAL = ("completed", "failed", "cancelled")
 NULLABLE_JSON = JSONB(none_as_null=True)  # Python None -> SQL NULL, not JSON null
 
 

@@ -8,6 +8,7 @@ from celery import signals
 from celery_batches import Batches
 
 from jobs.config import get_settings
+from jobs.db import get_engine as get_db_engine
 from jobs.db import session_factory
 from jobs.queue import BROKER_ERRORS, DECODE_TASK, REQUEUE_TASK, celery_app, enqueue_unsent
 
@@ -21,6 +22,7 @@ Session = session_factory(settings.database_url)
 
 @signals.worker_process_init.connect  # prefork: in each child, after the fork
 def _load_in_child(**_):
+    get_db_engine(settings.database_url).dispose(close=False)  # never share the parent's connections
     get_engine()
 
 
