@@ -109,19 +109,20 @@ def item_params(params: dict, item: ItemIn) -> dict:
     return {k: v for k, v in {**params, **own}.items() if k != "measure_baseline"}
 
 
-def check_items(job: JobCreate, single: bool = False) -> list[str]:
+def check_items(job: JobCreate, single: bool = False) -> list[tuple[str, dict]]:
     """Checks that need the settings or the model: custom_id uniqueness, max_new_tokens, prompt vs context.
-    Returns the custom ids (defaulting to the position). `single`: name fields as POST /generate's body does."""
+    Returns each item's (custom_id, effective params); custom_id defaults to the position.
+    `single`: name fields as POST /generate's body does."""
     settings, params = state().settings, job_params(job)
-    errors, seen, custom_ids = [], {}, []
+    errors, seen, prepared = [], {}, []
     for i, item in enumerate(job.items):
         custom_id = item.custom_id if item.custom_id is not None else str(i)
         if custom_id in seen:
             errors.append({"field": f"items[{i}].custom_id", "type": "value_error",
                            "message": f"duplicate custom_id {custom_id!r} (also items[{seen[custom_id]}])"})
         seen.setdefault(custom_id, i)
-        custom_ids.append(custom_id)
         effective = item_params(params, item)
+        prepared.append((custom_id, effective))
         if effective["max_new_tokens"] > settings.max_new_tokens_limit:
             where = "params." if item.max_new_tokens is None else f"items[{i}]."
             errors.append({"field": ("" if single else where) + "max_new_tokens",
@@ -134,7 +135,7 @@ def check_items(job: JobCreate, single: bool = False) -> list[str]:
             break
     if errors:
         raise invalid(errors)
-    return custom_ids
+    return prepared
 
 
 def baseline_sample(total: int, size: int) -> set[int]:
@@ -143,7 +144,7 @@ def baseline_sample(total: int, size: int) -> set[int]:
     return {j * total // n for j in range(n)} if n else set()
 
 
-def store_and_enqueue(job_in: JobCreate, key: str | None, custom_ids: list[str]) -> tuple[Job, bool]:
+def store_and_enqueue(job_in: JobCreate, key: str | None, prepared: list[tuple[str, dict]]) -> tuple[Job, bool]:
     """Create the job (or find the one this Idempotency-Key made) and send its unsent items to the queue.
     Returns (job, replayed)."""
     s = state()
@@ -156,7 +157,7 @@ def store_and_enqueue(job_in: JobCreate, key: str | None, custom_ids: list[str])
         job = find(session)
         replayed = job is not None
         if job is None:
-            job = _create(session, job_in, key, digest, custom_ids)
+            job = _create(session, job_in, key, digest, prepared)
             try:
                 session.commit()
             except IntegrityError:  # a concurrent request with the same key won
@@ -180,7 +181,7 @@ def store_and_enqueue(job_in: JobCreate, key: str | None, custom_ids: list[str])
         return job, replayed
 
 
-def _create(session, job_in: JobCreate, key, digest, custom_ids) -> Job:
+def _create(session, job_in: JobCreate, key, digest, prepared) -> Job:
     params = job_params(job_in)
     job = Job(type=job_in.type, priority=job_in.priority, params=params, metadata_=job_in.metadata,
               idempotency_key=key, request_hash=digest, total_items=len(job_in.items))
@@ -189,9 +190,9 @@ def _create(session, job_in: JobCreate, key, digest, custom_ids) -> Job:
     sample = baseline_sample(len(job_in.items), state().settings.baseline_sample_size) \
         if params["measure_baseline"] else set()
     session.execute(insert(Item), [
-        {"job_id": job.id, "idx": i, "custom_id": custom_ids[i], "prompt": item.prompt,
-         "params": item_params(params, item), "baseline_sample": i in sample}
-        for i, item in enumerate(job_in.items)])
+        {"job_id": job.id, "idx": i, "custom_id": custom_id, "prompt": item.prompt, "params": effective,
+         "baseline_sample": i in sample}
+        for i, (item, (custom_id, effective)) in enumerate(zip(job_in.items, prepared))])
     return job
 
 
@@ -258,8 +259,7 @@ def accepted(job: Job, replayed: bool):
 def create_job():
     key = idempotency_key()
     job_in = read_submission()
-    custom_ids = check_items(job_in)
-    return accepted(*store_and_enqueue(job_in, key, custom_ids))
+    return accepted(*store_and_enqueue(job_in, key, check_items(job_in)))
 
 
 @bp.get("/v1/jobs/<job_id>")
