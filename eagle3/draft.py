@@ -169,7 +169,7 @@ class Eagle3Head(nn.Module):
         features, or the head's own previous output). K/V go to slots cache.lens + offset + 0..T-1; tree_mask
         [B, T, offset+T] says which of the block's slots each input sees. Returns the pre-norm output [B, T, h]."""
         T = emb.shape[1]
-        slots = cache.lens[:, None] + offset + torch.arange(T, device=emb.device)[None]
+        slots = cache.slots(offset, T)
         mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + offset + T)
         return self.midlayer(emb, hidden, positions, self.rope, cache, slots, mask)
 

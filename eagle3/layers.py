@@ -95,8 +95,21 @@ class KVCache:
     def max_len(self):
         return self.k.shape[3]
 
+    def slots(self, offset, T):
+        """Where T new tokens go: slots lens[b] + offset + 0..T-1. A plain slice when every row starts at the same
+        slot (always at batch 1): a strided copy instead of an index_put per layer."""
+        start = self.lens[0]
+        if bool((self.lens == start).all()):
+            start = int(start) + offset
+            return slice(start, start + T)
+        return self.lens[:, None] + offset + torch.arange(T, device=self.lens.device)[None]
+
     def write(self, layer, k, v, slots):
-        """k, v: [B, H, T, D]; slots: [B, T] absolute cache slots."""
+        """k, v: [B, H, T, D]; slots: from slots()."""
+        if isinstance(slots, slice):
+            self.k[layer, :, :, slots] = k
+            self.v[layer, :, :, slots] = v
+            return
         b = torch.arange(k.shape[0], device=k.device)[:, None]
         self.k[layer, b, :, slots] = k.transpose(1, 2)
         self.v[layer, b, :, slots] = v.transpose(1, 2)

@@ -114,7 +114,7 @@ class LlamaModel(nn.Module):
         Writes K/V at slots cache.lens + 0..T-1 (does not commit). Returns (logits, features): logits [B, T', V] at
         the positions `logits_at` [B, T'] (all T when None), features [B, T, 3*hidden]."""
         T = tokens.shape[1]
-        slots = cache.lens[:, None] + torch.arange(T, device=tokens.device)[None]
+        slots = cache.slots(0, T)
         mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + T)
         x = self.embed_tokens(tokens)
         wanted, seen = self.config.feature_layers, {}
