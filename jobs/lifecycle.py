@@ -59,11 +59,11 @@ def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[lis
     job_ids = session.scalars(select(Item.job_id).where(id_in(Item.id, item_ids)).distinct()).all()
     jobs = lock_jobs(session, job_ids)
     live = id_in(Item.id, item_ids) & Item.status.in_(("queued", "running"))
+    exhausted = session.scalars(select(Item.id).where(live, Item.attempts >= max_attempts)).all()  # before claiming
     rows = session.execute(
         update(Item).where(live, Item.attempts < max_attempts)
         .values(status="running", attempts=Item.attempts + 1, started_at=func.now())
         .returning(Item.id, Item.job_id, Item.prompt, Item.params, Item.baseline_sample)).all()
-    exhausted = session.scalars(select(Item.id).where(live, Item.attempts >= max_attempts)).all()
     for job_id in {row.job_id for row in rows}:
         job = jobs[job_id]
         if job.status == "queued":

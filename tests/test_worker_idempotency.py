@@ -72,6 +72,16 @@ def test_an_item_left_running_by_a_lost_worker_is_decoded_again(idle, Session, e
     assert snapshot(Session, job_id)["status"] == "completed"
 
 
+def test_the_last_allowed_delivery_still_decodes(idle, Session, engine):
+    job_id, ids = new_job(idle, Session, n=1)
+    with Session.begin() as session:
+        session.execute(update(Item).where(Item.id.in_(ids)).values(status="running", attempts=MAX_ATTEMPTS - 1))
+    assert processing.process(Session, engine, ids, MAX_ATTEMPTS) == 1
+    assert snapshot(Session, job_id)["status"] == "completed"
+    with Session() as session:
+        assert session.get(Item, ids[0]).attempts == MAX_ATTEMPTS
+
+
 def test_an_item_delivered_too_often_is_failed(idle, Session, engine):
     job_id, ids = new_job(idle, Session, n=1)
     with Session.begin() as session:
