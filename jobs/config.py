@@ -22,11 +22,12 @@ class Settings:
     batch_size: int = field(default_factory=lambda: _env("BATCH_SIZE", 8, int))
     # Seconds a partial batch waits for more items before it is decoded anyway.
     flush_interval: float = field(default_factory=lambda: _env("BATCH_FLUSH_INTERVAL", 0.5, float))
-    # Redis redelivers an unacked message after this many seconds. Must exceed the time a message can sit
-    # unacked: (prefetched batches + 1) x the longest batch decode. See README "Reliability".
-    visibility_timeout: int = field(default_factory=lambda: _env("BROKER_VISIBILITY_TIMEOUT", 3600, int))
-    # Soft/hard limit of one batch task (prefork pool only).
-    batch_time_limit: int = field(default_factory=lambda: _env("BATCH_TIME_LIMIT_S", 1800, int))
+    # Redis redelivers an unacked message after this many seconds. A message can sit unacked for about two batch
+    # decodes (prefetch = 2 x batch_size: the running batch and the next one), so keep it above
+    # 2 x BATCH_TIME_LIMIT_S + BATCH_FLUSH_INTERVAL. See README "Reliability".
+    visibility_timeout: int = field(default_factory=lambda: _env("BROKER_VISIBILITY_TIMEOUT", 7200, int))
+    # Soft limit of one batch task, hard limit + 60 s (prefork pool only).
+    batch_time_limit: int = field(default_factory=lambda: _env("BATCH_TIME_LIMIT_S", 3000, int))
     # Deliveries of one item before it is failed (a batch that always kills its worker is not retried forever).
     max_attempts: int = field(default_factory=lambda: _env("ITEM_MAX_ATTEMPTS", 3, int))
     # With measure_baseline=true, this many items of a job are also decoded without speculation.

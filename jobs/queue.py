@@ -36,6 +36,8 @@ def make_celery(settings: Settings) -> Celery:
         # celery-batches buffers unacked messages until flush_every of them arrived: prefetch must exceed it.
         worker_prefetch_multiplier=2 * settings.batch_size,
         worker_concurrency=1,  # one model per worker process; scale with more workers (one per GPU)
+        # A pool child loads the model before it reports up; Celery's default (4 s) would kill it mid-load.
+        worker_proc_alive_timeout=600,
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from celery import signals
-from celery_batches import Batches
+from celery_batches import Batches, SimpleRequest
+from celery_batches.trace import apply_batches_task
 
 from jobs.config import get_settings
 from jobs.db import get_engine as get_db_engine
@@ -32,8 +33,36 @@ def _load_in_worker(sender=None, **_):
         get_engine()
 
 
-@celery_app.task(base=Batches, name=DECODE_TASK, flush_every=settings.batch_size,
-                 flush_interval=settings.flush_interval, acks_late=True, reject_on_worker_lost=True,
+class DecodeBatches(Batches):
+    """celery-batches' flush, plus what it lacks: when the pool child running a batch dies (SIGKILL, OOM, hard time
+    limit), its late-ack messages are requeued at once (task_reject_on_worker_lost). celery-batches passes no error
+    callback to the pool, so they would otherwise stay unacked until the visibility timeout."""
+
+    abstract = True
+
+    def flush(self, requests):
+        early = [r for r in requests if not r.task.acks_late]
+        late = [r for r in requests if r.task.acks_late]
+
+        def on_accepted(pid, time_accepted):
+            for request in early:
+                request.acknowledge()
+
+        def on_return(result):
+            for request in late:
+                request.acknowledge()
+
+        def on_lost(exc_info):
+            for request in late:
+                request.reject(requeue=bool(self.app.conf.task_reject_on_worker_lost))
+
+        simple = ([SimpleRequest.from_request(r) for r in requests],)
+        return self._pool.apply_async(apply_batches_task, (self, simple, 0, None), accept_callback=on_accepted,
+                                      callback=on_return, error_callback=on_lost)
+
+
+@celery_app.task(base=DecodeBatches, name=DECODE_TASK, flush_every=settings.batch_size,
+                 flush_interval=settings.flush_interval, acks_late=True,
                  soft_time_limit=settings.batch_time_limit, time_limit=settings.batch_time_limit + 60)
 def decode_items(requests):
     """requests: celery-batches SimpleRequests, each with args=[item_id]."""
