@@ -15,7 +15,7 @@ fi
 
 export PORT=${PORT:-8080}
 export API_WORKERS=${API_WORKERS:-1}  # each API process holds the target for prompt-length checks
-export CELERY_QUEUE=${CELERY_QUEUE:-demo-$$}  # its own queue: other workers on this Redis take no part
+export CELERY_QUEUE=${CELERY_QUEUE:-eagle3-demo}  # its own queue: other workers on this Redis take no part
 logs=runs/demo
 mkdir -p "$logs"
 

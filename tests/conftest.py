@@ -66,6 +66,7 @@ def database():
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{TEST_DB}" WITH (FORCE)'))
     admin.dispose()
+    purge_redis(RUN_ID)  # every queue of this session (the worker's and the tests' extra ones) names RUN_ID
 
 
 class WorkerProcess:
@@ -106,17 +107,19 @@ class WorkerProcess:
         self.log.close()
 
 
-def purge_queue(queue: str) -> None:
+def purge_redis(marker: str) -> None:
+    """Delete this session's queues and kombu bindings: every Redis key and binding member naming `marker`."""
     import redis
 
     client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    keys = list(client.scan_iter(match=f"{queue}*"))
+    keys = list(client.scan_iter(match=f"*{marker}*"))
     if keys:
         client.delete(*keys)
-    for binding in client.scan_iter(match="_kombu.binding.*"):
-        for member in client.smembers(binding):
-            if queue.encode() in member:
-                client.srem(binding, member)
+    for binding in client.scan_iter(match="_kombu.binding*"):
+        if client.type(binding) == b"set":
+            for member in client.smembers(binding):
+                if marker.encode() in member:
+                    client.srem(binding, member)
     client.close()
 
 
@@ -128,7 +131,6 @@ def worker(database, tmp_path_factory):
         yield proc
     finally:
         proc.stop()
-        purge_queue(QUEUE)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """/health: database, broker and a worker on the batch queue; 503 naming what failed."""
-from conftest import RUN_ID, WorkerProcess, purge_queue
+from conftest import RUN_ID, WorkerProcess
 
 from api import create_app
 
@@ -27,7 +27,6 @@ def test_health_follows_a_worker_going_down(database, tmp_path):
         assert up.get_json()["checks"]["workers"]["workers"] == [proc.name]
     finally:
         proc.stop()
-        purge_queue(queue)
     again = client.get("/health")
     body = again.get_json()
     assert again.status_code == 503 and body["detail"] == "failed: workers"
