@@ -1,7 +1,6 @@
 """Prompt length vs the model's context, counted with the target's own chat template and tokenizer.
 
-eagle3 exposes the tokenizer only through a loaded Target, so an API process loads the target once, on the first
-submission that needs it (tiny: <1 s; smollm2: ~3 s from the cache, ~40 s the very first time on a machine).
+An API process loads the target's tokenizer and config once (no weights), on the first submission that needs it.
 """
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ _targets: dict = {}
 def target(name: str):
     with _lock:
         if name not in _targets:
-            from eagle3 import load_target
-            _targets[name] = load_target(name)
+            from eagle3.target import load_tokenizer
+            _targets[name] = load_tokenizer(name)
         return _targets[name]
 
 

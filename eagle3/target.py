@@ -250,9 +250,9 @@ class HFTokenizer:
 class Target:
     """The target model with its tokenizer: what the decoder needs, nothing more."""
 
-    def __init__(self, model: LlamaModel, tokenizer, name: str, max_context: int | None = None):
+    def __init__(self, model: LlamaModel | None, tokenizer, name: str, max_context: int | None = None, config=None):
         self.model, self.tokenizer, self.name = model, tokenizer, name
-        self.config = model.config
+        self.config = config or model.config
         self.max_context = min(max_context or self.config.max_position_embeddings, self.config.max_position_embeddings)
         eos = set(self.config.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
@@ -298,9 +298,7 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     if name == "tiny":
         return Target(random_model(tiny_config(), dtype=dtype or torch.float64).to(device), ByteTokenizer(), "tiny",
                       max_context)
-    path = _default_model_dir() if name == DEFAULT_TARGET else Path(name)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"target {name!r}: not {DEFAULT_TARGET!r}, 'tiny' or a model directory with config.json")
+    path = _model_dir(name)
     config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
     with torch.device("meta"):
         model = LlamaModel(config)
@@ -309,4 +307,25 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     model.rope = Rope(config.head_dim, config.rope_theta, config.max_position_embeddings)
     dtype = dtype or torch.float32
     model = model.to(device=device, dtype=dtype).eval().pack()
-    return Target(model, HFTokenizer(path), path.name if name != DEFAULT_TARGET else name, max_context)
+    return Target(model, HFTokenizer(path), _display_name(name, path), max_context)
+
+
+def load_tokenizer(name: str = DEFAULT_TARGET, max_context=None) -> Target:
+    """The target's tokenizer, chat template and context size without its weights (Target.model is None): what an
+    API process needs to check prompt lengths."""
+    if name == "tiny":
+        return Target(None, ByteTokenizer(), "tiny", max_context, config=tiny_config())
+    path = _model_dir(name)
+    config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
+    return Target(None, HFTokenizer(path), _display_name(name, path), max_context, config=config)
+
+
+def _model_dir(name) -> Path:
+    path = _default_model_dir() if name == DEFAULT_TARGET else Path(name)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"target {name!r}: not {DEFAULT_TARGET!r}, 'tiny' or a model directory with config.json")
+    return path
+
+
+def _display_name(name, path):
+    return name if name == DEFAULT_TARGET else path.name
