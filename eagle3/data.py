@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from .target import pad_prompts
 from .verify import warp
 
 
@@ -20,14 +21,8 @@ def answer_batch(target, prompts, max_new_tokens, sample_rows, temperature=0.7, 
     model, dev = target.model, target.device
     ids = [target.encode_prompt(p) for p in prompts]
     B = len(ids)
-    lens = torch.tensor([len(x) for x in ids], device=dev)
-    T = int(lens.max())
-    tokens = torch.zeros(B, T, dtype=torch.long, device=dev)
-    for b, x in enumerate(ids):
-        tokens[b, : len(x)] = torch.tensor(x)
-    pos = torch.arange(T, device=dev).expand(B, T)
-    eye = torch.eye(T, dtype=torch.bool, device=dev)
-    mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril() & (pos < lens[:, None])[:, None, :] | eye
+    tokens, lens, pos, mask = pad_prompts(ids, dev)
+    T = tokens.shape[1]
     cache = model.new_cache(B, T + max_new_tokens + 1)
     logits, feats = model(tokens, pos, cache, mask, logits_at=(lens - 1)[:, None])
     cache.lens.copy_(lens)

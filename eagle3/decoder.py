@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .draft import Eagle3Head, HeadConfig
-from .target import Target
+from .target import Target, pad_prompts
 from .tree import draft_tree
 from .verify import verify_greedy, verify_sampling, warp
 
@@ -202,15 +202,8 @@ class SpeculativeDecoder:
     def _decode_batch(self, ids, limits, speculative, sampling, totals):
         t0 = time.perf_counter()
         dev, B = self.target.device, len(ids)
-        lens = torch.tensor([len(x) for x in ids], device=dev)
-        T = int(lens.max())
-        tokens = torch.zeros(B, T, dtype=torch.long, device=dev)
-        for b, x in enumerate(ids):
-            tokens[b, : len(x)] = torch.tensor(x)
-        pos = torch.arange(T, device=dev).expand(B, T)
-        valid = pos < lens[:, None]
-        eye = torch.eye(T, dtype=torch.bool, device=dev)
-        causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril() & valid[:, None, :] | eye  # pads see themselves
+        tokens, lens, pos, causal = pad_prompts(ids, dev)
+        T = tokens.shape[1]
         cap = T + max(limits) + self.depth + self.total_tokens + 2
         cache = self.model.new_cache(B, cap)
         logits, feats = self.model(tokens, pos, cache, causal, logits_at=(lens - 1)[:, None])

@@ -135,6 +135,21 @@ class LlamaModel(nn.Module):
         return self
 
 
+def pad_prompts(ids, device):
+    """Right-pad token lists for one prefill: tokens [B, T], lens [B], positions [B, T] and the causal mask
+    [B, T, T] (pads see only themselves, so no row of the softmax is empty)."""
+    B = len(ids)
+    lens = torch.tensor([len(x) for x in ids], device=device)
+    T = int(lens.max())
+    tokens = torch.zeros(B, T, dtype=torch.long, device=device)
+    for b, x in enumerate(ids):
+        tokens[b, : len(x)] = torch.tensor(x)
+    pos = torch.arange(T, device=device).expand(B, T)
+    eye = torch.eye(T, dtype=torch.bool, device=device)
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril() & (pos < lens[:, None])[:, None, :] | eye
+    return tokens, lens, pos, causal
+
+
 # ---------------------------------------------------------------- weights
 
 
