@@ -51,11 +51,15 @@ def main():
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--temps", type=float, nargs="+", default=[0.0, 0.7])
     ap.add_argument("--draft", help="head directory (default: the shipped head)")
+    ap.add_argument("--parallel-degree", type=int, default=4)
+    ap.add_argument("--depth", type=int, default=5)
+    ap.add_argument("--total-tokens", type=int, default=16)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--out", help="also write the markdown table here")
     a = ap.parse_args()
     target = load_target()
-    dec = SpeculativeDecoder(target, draft=a.draft)
+    dec = SpeculativeDecoder(target, draft=a.draft, parallel_degree=a.parallel_degree, depth=a.depth,
+                             total_tokens=a.total_tokens)
     prompts = [p["prompt"] for p in heldout_prompts()][: a.prompts]
     lines = [f"held-out prompts: {len(prompts)}, max_new_tokens {a.max_new_tokens}, tree k={dec.k} depth={dec.depth} "
              f"nodes={dec.total_tokens}, draft vocab {dec.head.config.draft_vocab_size}, torch threads "
