@@ -213,11 +213,9 @@ class SpeculativeDecoder:
         for b in range(B):
             rows.emit(b, [int(first[b])])
         if speculative:
-            loop = self._speculative_rounds(tokens, lens, feats, first, cache, causal, pos, rows, sampling, totals, t0)
+            self._speculative_rounds(tokens, lens, feats, first, cache, causal, pos, rows, sampling, totals, t0)
         else:
-            loop = self._vanilla_steps(first, cache, rows, sampling, t0)
-        for _ in loop:
-            pass
+            self._vanilla_steps(first, cache, rows, sampling, t0)
         wall = time.perf_counter() - t0
         out = []
         for s in range(B):
@@ -249,7 +247,6 @@ class SpeculativeDecoder:
             for i, s in enumerate(rows.live):
                 rows.forwards[s] += 1
                 rows.emit(s, [int(tok[i])])
-            yield
 
     def _speculative_rounds(self, tokens, lens, feats, first, cache, causal, pos, rows, sampling, totals, t0):
         head, embed, dev = self.head, self.model.embed_tokens, tokens.device
@@ -308,4 +305,3 @@ class SpeculativeDecoder:
                 rows.accepted[s] += ln[i]
                 totals["accept_hist"][ln[i] - 1] += 1  # rounds that emitted ln tokens
                 rows.emit(s, em[i][: ln[i]])
-            yield
