@@ -92,13 +92,17 @@ class SpeculativeDecoder:
         verify forward and draft step dearer; on a CPU small trees win.
     depth: tree levels drafted per round (the most tokens one round can accept, plus the target's bonus token).
     total_tokens: tree nodes verified per round, root included.
+    adaptive: on CPU, shrink the tree when several rows are decoded together (measured on the 2-core CPU with the
+        shipped SmolLM2 head, bench/results/batch_tree_sweep.txt: batch 8 with the 16-node tree ran at 0.70x of
+        vanilla, with 3 nodes at 1.06x), since every row's tree adds to the verify forward. The tree never grows
+        past the configured one. False: always use the configured tree.
     validation_threshold: 1.0 (default) is strict, lossless verification. Below 1.0 a drafted token is also accepted
         when the target gives it at least threshold x its top probability: more tokens per forward (faster), but
         the output is no longer exactly the target's — a fidelity/speed trade-off, off by default.
     """
 
     def __init__(self, target: Target, draft=None, parallel_degree=4, validation_threshold=1.0, depth=5,
-                 total_tokens=16):
+                 total_tokens=16, adaptive=True):
         _require(isinstance(parallel_degree, int) and parallel_degree >= 1, "parallel_degree", "must be an integer >= 1")
         _require(isinstance(validation_threshold, (int, float)) and 0 < validation_threshold <= 1,
                  "validation_threshold", "must be in (0, 1]")
@@ -107,7 +111,16 @@ class SpeculativeDecoder:
         self.target, self.model = target, target.model
         self.head = resolve_head(target, draft)
         self.k, self.threshold, self.depth, self.total_tokens = parallel_degree, float(validation_threshold), depth, total_tokens
+        self.adaptive = adaptive
         self.last_stats = {}
+
+    def tree_shape(self, rows):
+        """(parallel_degree, depth, total_tokens) used for a round with `rows` rows in the batch."""
+        shape = (self.k, self.depth, self.total_tokens)
+        if not self.adaptive or rows <= 1 or self.target.device.type != "cpu":
+            return shape
+        small = (2, 3, 4) if rows <= 3 else (2, 2, 3)
+        return tuple(min(a, b) for a, b in zip(shape, small))
 
     # ------------------------------------------------------------ public API
 
@@ -273,7 +286,7 @@ class SpeculativeDecoder:
                 root, root_out = root[idx], root_out[idx]
             n = len(root)
             td = time.perf_counter()
-            tree = draft_tree(head, embed, root, root_out, hcache, self.k, self.depth, self.total_tokens)
+            tree = draft_tree(head, embed, root, root_out, hcache, *self.tree_shape(n))
             tv = time.perf_counter()
             logits, feats = self.model(tree.tokens, cache.lens[:, None] + tree.depth, cache, tree.mask)
             if sampling["temperature"] == 0:

@@ -15,8 +15,9 @@ def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512):
 
 
 def decoder_for(target, seed=0, **kw):
+    """A decoder with an untrained head that always uses the given tree (adaptive shrinking off)."""
     head = Eagle3Head.random(HeadConfig.for_target(target.config), seed=seed, scale=0.3)
-    return SpeculativeDecoder(target, draft=head, **kw)
+    return SpeculativeDecoder(target, draft=head, **{"adaptive": False, **kw})
 
 
 def random_prompts(n, vocab, seed=0, min_len=1, max_len=24):

@@ -41,6 +41,18 @@ def test_full_tree_accepts_every_level(target):
     assert all(r.stats["rounds"] == 10 for r in spec)  # 1 token from prefill + 10 rounds x 3
 
 
+def test_adaptive_tree_shrinks_with_batch_and_stays_lossless(target):
+    dec = decoder_for(target, adaptive=True, parallel_degree=4, depth=5, total_tokens=16)
+    assert dec.tree_shape(1) == (4, 5, 16)
+    assert dec.tree_shape(2) == (2, 3, 4) and dec.tree_shape(8) == (2, 2, 3)
+    assert decoder_for(target, adaptive=True, parallel_degree=1, depth=1, total_tokens=2).tree_shape(8) == (1, 1, 2)
+    prompts = random_prompts(12, target.config.vocab_size, seed=2)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=16, speculative=False)
+    spec = dec.generate_ids(prompts, max_new_tokens=16, batch_size=8)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert dec.last_stats["accept_length"] > 1.1
+
+
 def test_vanilla_batched_matches_unbatched(target):
     dec = decoder_for(target)
     prompts = random_prompts(20, target.config.vocab_size, seed=3)
