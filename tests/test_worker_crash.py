@@ -13,7 +13,7 @@ from jobs.models import Item
 def test_sigkill_of_the_pool_child_mid_batch_redelivers(client, worker, database):
     Session = session_factory(database)
     created = submit(client, {"items": [{"prompt": f"Crash {i}"} for i in range(2)],
-                              "params": {"max_new_tokens": 120}})
+                              "params": {"max_new_tokens": 600}})  # long enough to be killed mid-decode
     deadline = time.monotonic() + 30
     while True:  # until the batch is claimed (and so being decoded)
         with Session() as session:
@@ -22,7 +22,7 @@ def test_sigkill_of_the_pool_child_mid_batch_redelivers(client, worker, database
             break
         assert time.monotonic() < deadline, attempts
         time.sleep(0.05)
-    time.sleep(0.5)
+    time.sleep(0.2)
     children = psutil.Process(worker.proc.pid).children()
     assert len(children) == 1
     children[0].send_signal(signal.SIGKILL)
