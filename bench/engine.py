@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from eagle3.layers import Linear
+from eagle3.layers import pack_linears
 from eagle3.target import DEFAULT_TARGET, cache_dir, load_target
 
 KS = (1, 2, 4, 8, 16, 32)
@@ -69,9 +69,7 @@ def main():
     target = load_target(DEFAULT_TARGET)
     rows = {"engine (oneDNN packed)": engine_times(target.model, a.context, a.reps)}
     print("measured engine (packed)", flush=True)
-    for m in target.model.modules():
-        if isinstance(m, Linear):
-            m.unpack()
+    pack_linears(target.model, on=False)
     rows["engine (torch default GEMM)"] = engine_times(target.model, a.context, a.reps)
     print("measured engine (unpacked)", flush=True)
     rows["HF transformers"] = hf_times(a.context, a.reps)

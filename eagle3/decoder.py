@@ -93,8 +93,8 @@ class SpeculativeDecoder:
     depth: tree levels drafted per round (the most tokens one round can accept, plus the target's bonus token).
     total_tokens: tree nodes verified per round, root included.
     adaptive: on CPU, shrink the tree when several rows are decoded together (measured on the 2-core CPU with the
-        shipped SmolLM2 head, bench/results/batch_tree_sweep.txt: batch 8 with the 16-node tree ran at 0.70x of
-        vanilla, with 3 nodes at 1.06x), since every row's tree adds to the verify forward. The tree never grows
+        shipped SmolLM2 head, bench/results/batch_tree_sweep.txt: at batch 8 a 10-node tree ran at 0.70x of
+        vanilla, a 3-node tree at 0.94-1.06x), since every row's tree adds to the verify forward. The tree never grows
         past the configured one. False: always use the configured tree.
     validation_threshold: 1.0 (default) is strict, lossless verification. Below 1.0 a drafted token is also accepted
         when the target gives it at least threshold x its top probability: more tokens per forward (faster), but
@@ -263,7 +263,7 @@ class SpeculativeDecoder:
 
     def _speculative_rounds(self, tokens, lens, feats, first, cache, causal, pos, rows, sampling, totals, t0):
         head, embed, dev = self.head, self.model.embed_tokens, tokens.device
-        B, T = tokens.shape
+        B = tokens.shape[0]
         # Head prefill: pair i is (target features at i, token i+1); the last pair of each row takes the first
         # generated token. Its output at the last pair drafts the first tree.
         td = time.perf_counter()

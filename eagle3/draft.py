@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
-from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask
+from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, pack_linears
 
 
 @dataclass
@@ -157,10 +157,7 @@ class Eagle3Head(nn.Module):
         return head.to(device=device, dtype=dtype).eval()
 
     def pack(self):
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.pack()
-        return self
+        return pack_linears(self)
 
     # ------------------------------------------------------------ forward
 

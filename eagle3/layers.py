@@ -34,6 +34,14 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+def pack_linears(module, on=True):
+    """Prepack (or unpack) every Linear under `module` for fast small-batch CPU inference; no-op elsewhere."""
+    for m in module.modules():
+        if isinstance(m, Linear):
+            m.pack() if on else m.unpack()
+    return module
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()

