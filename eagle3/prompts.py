@@ -1,4 +1,4 @@
-"""Prompt sets for self-distillation and evaluation: instruction templates x topics, in seven categories.
+"""Prompt sets for self-distillation and evaluation: instruction templates x topics, in eleven categories.
 
 The held-out set uses topics and texts the training set never sees, with the same categories, so evaluation
 measures generalisation rather than memorised answers."""
@@ -55,6 +55,20 @@ TEMPLATES = {
                        "Classify the sentiment of this text as positive, negative or neutral: '{r}'",
                        "Is this message spam or not spam? '{m}'", "Which topic is this sentence about: '{s}'",
                        "Is this statement a fact or an opinion? '{o}'"],
+    # Free-form styles users actually send: creative asks, advice, short messages, comparisons, definitions.
+    "creative": ["Write a haiku about {t}.", "Write a short poem about {t}.", "Write a limerick about {t}.",
+                 "Write a three-sentence story about {t}.", "Suggest a catchy name for a shop inspired by {t}.",
+                 "Write a slogan for a campaign about {t}.", "Write a short, funny joke about {t}."],
+    "advice": ["Give me three tips for learning about {t}.", "How can I get started with {t}?",
+               "What should a beginner know about {t}?", "What mistakes do people often make with {t}?",
+               "What should I pack for a weekend trip to see {t}?", "How can I explain {t} to my grandparents?"],
+    "message": ["Write a short, polite email inviting a friend to a talk about {t}.",
+                "Write a brief message asking a teacher for help with {t}.",
+                "Write a friendly email declining an invitation to a workshop on {t}.",
+                "Write a two-sentence thank-you note to someone who taught me about {t}."],
+    "comparison": ["What is the difference between {t} and {u}?", "Compare {t} and {u} in two sentences.",
+                   "Give a one-sentence definition of {t}.", "Explain {t} in two sentences.",
+                   "What do {t} and {u} have in common?"],
 }
 
 _SENTENCE = ["{T} is something many people find interesting.", "i think {t} are really cool and stuff",
@@ -75,10 +89,10 @@ _OPINION = ["{T} is the most beautiful thing in the world.", "{T} was first stud
             "Everyone should spend more time learning about {t}."]
 
 
-def _fill(template, topic, rng):
+def _fill(template, topic, other, rng):
     T = topic[0].upper() + topic[1:]
     fill = lambda xs: rng.choice(xs).format(t=topic, T=T)  # noqa: E731
-    return template.format(t=topic, s=fill(_SENTENCE), p=fill(_PASSAGE), r=fill(_REVIEW), m=fill(_MESSAGE),
+    return template.format(t=topic, u=other, s=fill(_SENTENCE), p=fill(_PASSAGE), r=fill(_REVIEW), m=fill(_MESSAGE),
                            o=fill(_OPINION))
 
 
@@ -92,7 +106,8 @@ def _make(topics, n, seed):
     seen, out = set(), []
     while len(out) < n:
         cat = cats[len(out) % len(cats)]  # balanced categories
-        p = _fill(rng.choice(TEMPLATES[cat]), rng.choice(topics), rng)
+        t, u = rng.sample(topics, 2)
+        p = _fill(rng.choice(TEMPLATES[cat]), t, u, rng)
         if p not in seen:
             seen.add(p)
             out.append({"category": cat, "prompt": p})
@@ -103,5 +118,5 @@ def training_prompts(n=2400, seed=0):
     return _make(_topics(TRAIN_TOPICS), n, seed)
 
 
-def heldout_prompts(n=84, seed=1):
+def heldout_prompts(n=88, seed=1):
     return _make(_topics(HELDOUT_TOPICS), n, seed)

@@ -143,8 +143,9 @@ def _collate(seqs, idx, dev):
 
 
 def train(target, seqs, out, draft_vocab=8192, epochs=2.0, max_tokens=2048, lr=5e-4, ttt_steps=5, warmup=0.05,
-          clip=0.5, ckpt_every=50, seed=0, log=print):
-    """Train (or resume) a head on `seqs`; writes out/config.json + model.safetensors and out/train_state.pt."""
+          clip=0.5, ckpt_every=50, seed=0, init_from=None, log=print):
+    """Train (or resume) a head on `seqs`; writes out/config.json + model.safetensors and out/train_state.pt.
+    init_from: a saved head to start from (keeps its draft vocabulary) instead of the target's readout."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     dev = target.device
@@ -153,9 +154,16 @@ def train(target, seqs, out, draft_vocab=8192, epochs=2.0, max_tokens=2048, lr=5
     state = torch.load(state_path, weights_only=False) if state_path.exists() else None
     if state:
         draft_ids = state["draft_ids"]
+    elif init_from:
+        start = Eagle3Head.from_pretrained(init_from)
+        draft_ids = start.to_target_ids(torch.arange(start.config.draft_vocab_size))
     else:
         draft_ids, _ = draft_vocab_from_data(seqs, draft_vocab, target.config.vocab_size)
-    head = init_head(target, draft_ids, seed).to(dev).train()
+    head = init_head(target, draft_ids, seed)
+    if init_from and not state:
+        head.load_state_dict(start.state_dict())
+        log(f"starting from the head in {init_from}")
+    head = head.to(dev).train()
     opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = len(_batches(seqs, max_tokens, random.Random(0)))
     total = max(1, int(epochs * per_epoch))
@@ -217,6 +225,7 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=2048, help="padded tokens per training batch")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--ttt-steps", type=int, default=5)
+    ap.add_argument("--init-from", help="start from this saved head (fine-tune) instead of the target's readout")
     a = ap.parse_args(argv)
     target = load_target(a.target)
     data = Path(a.data or Path("data") / target.name)
@@ -229,7 +238,7 @@ def main(argv=None):
     seqs = load_dataset(data)
     print(f"{len(seqs)} sequences, {sum(len(s['tokens']) for s in seqs)} tokens", flush=True)
     train(target, seqs, a.out, draft_vocab=a.draft_vocab, epochs=a.epochs, max_tokens=a.max_tokens, lr=a.lr,
-          ttt_steps=a.ttt_steps)
+          ttt_steps=a.ttt_steps, init_from=a.init_from)
 
 
 if __name__ == "__main__":

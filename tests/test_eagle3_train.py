@@ -62,6 +62,20 @@ def test_training_reduces_loss_and_resumes(tiny_data, tmp_path):
     assert len(hist2) == len(hist)
 
 
+def test_fine_tuning_starts_from_the_given_head(tiny_data, tmp_path):
+    target, seqs = tiny_data
+    train(target, seqs, tmp_path / "a", draft_vocab=150, epochs=3, max_tokens=400, lr=3e-3, ttt_steps=2,
+          log=lambda *_: None)
+    start = Eagle3Head.from_pretrained(tmp_path / "a")
+    _, hist = train(target, seqs, tmp_path / "b", draft_vocab=999, epochs=0.01, max_tokens=400, lr=1e-9,
+                    ttt_steps=2, init_from=tmp_path / "a", log=lambda *_: None)
+    tuned = Eagle3Head.from_pretrained(tmp_path / "b")
+    assert torch.equal(tuned.d2t, start.d2t) and tuned.config.draft_vocab_size == 150  # its vocabulary, not 999
+    assert len(hist) == 1
+    for (name, a), b in zip(start.state_dict().items(), tuned.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-3), name  # one step at lr 1e-9: still the given head
+
+
 def test_trained_tiny_head_accepts_more_and_stays_lossless(tiny_data, tmp_path):
     target, seqs = tiny_data
     head, _ = train(target, seqs, tmp_path, draft_vocab=259, epochs=25, max_tokens=600, lr=3e-3, ttt_steps=3,
