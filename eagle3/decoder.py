@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .draft import Eagle3Head, HeadConfig
+from .policy import PLAIN, SpeculationPolicy
 from .target import Target, pad_prompts
 from .tree import draft_tree
 from .verify import verify_greedy, verify_sampling, warp
@@ -92,10 +93,9 @@ class SpeculativeDecoder:
         verify forward and draft step dearer; on a CPU small trees win.
     depth: tree levels drafted per round (the most tokens one round can accept, plus the target's bonus token).
     total_tokens: tree nodes verified per round, root included.
-    adaptive: on CPU, shrink the tree when several rows are decoded together (measured on the 2-core CPU with the
-        shipped SmolLM2 head, bench/results/batch_tree_sweep.txt: at batch 8 a 10-node tree ran at 0.70x of
-        vanilla, a 3-node tree at 0.94-1.06x), since every row's tree adds to the verify forward. The tree never grows
-        past the configured one. False: always use the configured tree.
+    adaptive: pick each round's tree, or a plain decode step, by measured throughput at the current batch size
+        (eagle3/policy.py): every row's tree adds to the verify forward, so what pays at batch 1 can lose at batch 8.
+        The tree never grows past the configured one. False: always use the configured tree.
     validation_threshold: 1.0 (default) is strict, lossless verification. Below 1.0 a drafted token is also accepted
         when the target gives it at least threshold x its top probability: more tokens per forward (faster), but
         the output is no longer exactly the target's — a fidelity/speed trade-off, off by default.
@@ -111,16 +111,8 @@ class SpeculativeDecoder:
         self.target, self.model = target, target.model
         self.head = resolve_head(target, draft)
         self.k, self.threshold, self.depth, self.total_tokens = parallel_degree, float(validation_threshold), depth, total_tokens
-        self.adaptive = adaptive
+        self.policy = SpeculationPolicy((parallel_degree, depth, total_tokens)) if adaptive else None
         self.last_stats = {}
-
-    def tree_shape(self, rows):
-        """(parallel_degree, depth, total_tokens) used for a round with `rows` rows in the batch."""
-        shape = (self.k, self.depth, self.total_tokens)
-        if not self.adaptive or rows <= 1 or self.target.device.type != "cpu":
-            return shape
-        small = (2, 3, 4) if rows <= 3 else (2, 2, 3)
-        return tuple(min(a, b) for a, b in zip(shape, small))
 
     # ------------------------------------------------------------ public API
 
@@ -156,7 +148,7 @@ class SpeculativeDecoder:
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
         results = [None] * len(ids)
         totals = dict(new_tokens=0, target_forwards=0, rounds=0, accepted=0, draft_time_s=0.0, verify_time_s=0.0,
-                      wall_time_s=0.0, accept_hist=[0] * (self.depth + 1))
+                      wall_time_s=0.0, accept_hist=[0] * (self.depth + 1), plain_steps=0)
         for s in range(0, len(order), batch_size):
             chunk = order[s: s + batch_size]
             for i, r in zip(chunk, self._decode_batch([list(ids[i]) for i in chunk], [limits[i] for i in chunk],
@@ -275,6 +267,8 @@ class SpeculativeDecoder:
         root_out = out[torch.arange(B, device=dev), lens - 1]
         root = first
         totals["draft_time_s"] += time.perf_counter() - td
+        greedy = sampling["temperature"] == 0
+        pending_tok, pending_feat = [], []  # plain steps the head has not read yet: (features of token, next token)
         while True:
             keep = rows.retire(time.perf_counter() - t0)
             if keep is not None:
@@ -284,9 +278,32 @@ class SpeculativeDecoder:
                 cache.keep(idx)
                 hcache.keep(idx)
                 root, root_out = root[idx], root_out[idx]
+                pending_tok, pending_feat = [t[idx] for t in pending_tok], [f[idx] for f in pending_feat]
             n = len(root)
             td = time.perf_counter()
-            tree = draft_tree(head, embed, root, root_out, hcache, *self.tree_shape(n))
+            shape = self.policy.choose(n, greedy) if self.policy else (self.k, self.depth, self.total_tokens)
+            if shape is PLAIN:  # one ordinary step; the head catches up on it before the next tree
+                logits, feats = self.model(root[:, None], cache.lens[:, None], cache,
+                                           torch.ones(n, 1, 1, dtype=torch.bool, device=dev))
+                cache.lens += 1
+                nxt = self._pick(logits[:, 0], sampling)
+                pending_tok.append(nxt)
+                pending_feat.append(feats[:, 0])
+                root = nxt
+                totals["verify_time_s"] += time.perf_counter() - td
+                totals["plain_steps"] += n
+                self.policy.observe(PLAIN, n, greedy, time.perf_counter() - td, 1.0)
+                nx = nxt.tolist()
+                for i, s in enumerate(rows.live):
+                    rows.forwards[s] += 1
+                    rows.rounds[s] += 1
+                    rows.accepted[s] += 1
+                    rows.emit(s, [nx[i]])
+                continue
+            if pending_tok:
+                root_out = self._catch_up(hcache, torch.stack(pending_tok, 1), torch.stack(pending_feat, 1))
+                pending_tok, pending_feat = [], []
+            tree = draft_tree(head, embed, root, root_out, hcache, *shape)
             tv = time.perf_counter()
             logits, feats = self.model(tree.tokens, cache.lens[:, None] + tree.depth, cache, tree.mask)
             if sampling["temperature"] == 0:
@@ -312,9 +329,21 @@ class SpeculativeDecoder:
             totals["draft_time_s"] += (tv - td) + (te - tu)
             totals["verify_time_s"] += tu - tv
             em, ln = emitted.tolist(), acc.length.tolist()
+            if self.policy:
+                self.policy.observe(shape, n, greedy, te - td, sum(ln) / n)
             for i, s in enumerate(rows.live):
                 rows.forwards[s] += 1
                 rows.rounds[s] += 1
                 rows.accepted[s] += ln[i]
                 totals["accept_hist"][ln[i] - 1] += 1  # rounds that emitted ln tokens
                 rows.emit(s, em[i][: ln[i]])
+
+    def _catch_up(self, hcache, tok, feat):
+        """Run the head over P pending (features, next token) pairs [n, P] after plain steps; returns its output at the
+        last pair, which drafts the next tree."""
+        n, P = tok.shape
+        mask = torch.ones(P, P, dtype=torch.bool, device=tok.device).tril().expand(n, P, P)
+        ar = torch.arange(P, device=tok.device)
+        out = self.head(self.model.embed_tokens(tok), self.head.fc(feat), hcache.lens[:, None] + ar, hcache, mask)
+        hcache.lens += P
+        return out[:, -1]

@@ -1,7 +1,10 @@
 """Greedy speculative decoding is token-identical to vanilla greedy decoding of the same target."""
+import random
+
 import pytest
 
 from eagle3 import SpeculativeDecoder, load_target
+from eagle3.policy import PLAIN, SpeculationPolicy
 from eagle3_helpers import decoder_for, random_prompts, small_vocab_target
 
 TREES = [dict(parallel_degree=1, depth=1, total_tokens=2), dict(parallel_degree=2, depth=3, total_tokens=6),
@@ -41,16 +44,63 @@ def test_full_tree_accepts_every_level(target):
     assert all(r.stats["rounds"] == 10 for r in spec)  # 1 token from prefill + 10 rounds x 3
 
 
-def test_adaptive_tree_shrinks_with_batch_and_stays_lossless(target):
+class ScriptedPolicy(SpeculationPolicy):
+    """Switches between plain steps and trees of every size in a fixed pseudo-random order: the worst case for the
+    head's catch-up after plain steps."""
+
+    def __init__(self, configured, seed=0):
+        super().__init__(configured)
+        self.rng = random.Random(seed)
+        self.used = []
+
+    def choose(self, rows, greedy):
+        c = self.rng.choice(self.candidates + [PLAIN, PLAIN])
+        self.used.append(c)
+        return c
+
+
+def test_switching_between_plain_steps_and_trees_stays_lossless(target):
     dec = decoder_for(target, adaptive=True, parallel_degree=4, depth=5, total_tokens=16)
-    assert dec.tree_shape(1) == (4, 5, 16)
-    assert dec.tree_shape(2) == (2, 3, 4) and dec.tree_shape(8) == (2, 2, 3)
-    assert decoder_for(target, adaptive=True, parallel_degree=1, depth=1, total_tokens=2).tree_shape(8) == (1, 1, 2)
+    dec.policy = ScriptedPolicy(dec.policy.configured)
     prompts = random_prompts(12, target.config.vocab_size, seed=2)
-    vanilla = dec.generate_ids(prompts, max_new_tokens=16, speculative=False)
-    spec = dec.generate_ids(prompts, max_new_tokens=16, batch_size=8)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False)
+    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=5)
     assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
-    assert dec.last_stats["accept_length"] > 1.1
+    assert {PLAIN, (4, 5, 16), (2, 2, 3)} <= set(dec.policy.used)
+    assert dec.last_stats["plain_steps"] > 0 and dec.last_stats["accept_length"] > 1.1
+    assert sum(dec.last_stats["accept_hist"]) < dec.last_stats["rounds"]  # the histogram counts tree rounds only
+
+
+def test_default_adaptive_decoder_is_lossless(target):
+    dec = decoder_for(target, adaptive=True)
+    prompts = random_prompts(16, target.config.vocab_size, seed=4)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=32, speculative=False)
+    for batch in (1, 8):
+        spec = dec.generate_ids(prompts, max_new_tokens=32, batch_size=batch)
+        assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert dec.policy.seconds  # it measured rounds
+
+
+def test_policy_measures_every_candidate_then_picks_the_fastest():
+    pol = SpeculationPolicy((4, 5, 16), explore_every=10)
+    assert pol.candidates == [PLAIN, (2, 2, 3), (2, 4, 6), (4, 5, 16)]
+    assert SpeculationPolicy((2, 3, 5)).candidates == [PLAIN, (2, 2, 3), (2, 3, 5)]  # never above the configured
+    # a batch of 8 where every tree costs more than it gains, and a batch of 1 where the big tree wins
+    cost = {(PLAIN, 8): 0.04, ((2, 2, 3), 8): 0.07, ((2, 4, 6), 8): 0.09, ((4, 5, 16), 8): 0.15,
+            (PLAIN, 1): 0.02, ((2, 2, 3), 1): 0.022, ((2, 4, 6), 1): 0.024, ((4, 5, 16), 1): 0.027}
+    tau = {PLAIN: 1.0, (2, 2, 3): 1.6, (2, 4, 6): 2.0, (4, 5, 16): 2.4}
+    picks = {1: [], 8: []}
+    for _ in range(40):
+        for rows in (1, 8):
+            c = pol.choose(rows, True)
+            picks[rows].append(c)
+            pol.observe(c, rows, True, cost[(c, rows)], tau[c])
+    for rows, best in ((8, PLAIN), (1, (4, 5, 16))):
+        assert set(picks[rows][:12]) == set(pol.candidates)  # each measured (first sample discarded, then two)
+        later = picks[rows][12:]
+        assert later.count(best) >= len(later) - 3, (rows, later)  # the rest: the best, bar re-measurements
+        assert len(set(later)) > 1  # ... and re-measurements do happen
+    assert pol.summary() == {"1": (4, 5, 16), "5-8": PLAIN}
 
 
 def test_vanilla_batched_matches_unbatched(target):

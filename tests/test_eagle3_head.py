@@ -78,7 +78,7 @@ def test_reduced_vocab_head_decodes_losslessly(tmp_path):
     head = Eagle3Head.random(c, seed=2, scale=0.3)
     head.set_vocab(torch.tensor([0, 2, 3, 5, 7]))
     head.save_pretrained(tmp_path)
-    dec = SpeculativeDecoder(target, draft=str(tmp_path), parallel_degree=3, depth=3, total_tokens=10)
+    dec = SpeculativeDecoder(target, draft=str(tmp_path), parallel_degree=3, depth=3, total_tokens=10, adaptive=False)
     prompts = random_prompts(12, 8, seed=4)
     van = dec.generate_ids(prompts, max_new_tokens=16, speculative=False)
     spec = dec.generate_ids(prompts, max_new_tokens=16, batch_size=4)

@@ -81,8 +81,8 @@ def test_trained_tiny_head_accepts_more_and_stays_lossless(tiny_data, tmp_path):
     head, _ = train(target, seqs, tmp_path, draft_vocab=259, epochs=25, max_tokens=600, lr=3e-3, ttt_steps=3,
                     ckpt_every=1000, log=lambda *_: None)
     prompts = [f"prompt number {i} about cats" for i in range(6)]
-    untrained = SpeculativeDecoder(target, parallel_degree=3, depth=4, total_tokens=12)
-    trained = SpeculativeDecoder(target, draft=head, parallel_degree=3, depth=4, total_tokens=12)
+    untrained = SpeculativeDecoder(target, parallel_degree=3, depth=4, total_tokens=12, adaptive=False)
+    trained = SpeculativeDecoder(target, draft=head, parallel_degree=3, depth=4, total_tokens=12, adaptive=False)
     van = untrained.generate(prompts, max_new_tokens=24, speculative=False)
     a = untrained.generate(prompts, max_new_tokens=24)
     b = trained.generate(prompts, max_new_tokens=24)
@@ -97,8 +97,8 @@ def test_shipped_head_beats_untrained_on_default_target():
     path = default_head_path(target)
     assert (path / "model.safetensors").exists(), f"no shipped head at {path}"
     prompts = [p["prompt"] for p in heldout_prompts()][:6]
-    shipped = SpeculativeDecoder(target)
-    untrained = SpeculativeDecoder(target, draft=init_head(target, torch.arange(4096)))
+    shipped = SpeculativeDecoder(target, adaptive=False)
+    untrained = SpeculativeDecoder(target, draft=init_head(target, torch.arange(4096)), adaptive=False)
     van = shipped.generate(prompts, max_new_tokens=48, speculative=False)
     a = shipped.generate(prompts, max_new_tokens=48, batch_size=1)  # batch 1: the configured tree, not a shrunk one
     untrained.generate(prompts, max_new_tokens=48, batch_size=1)
