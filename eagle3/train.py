@@ -52,6 +52,19 @@ def init_head(target, draft_ids, seed=0):
     return head
 
 
+def _load_shared(head, start):
+    """Copy `start`'s weights into `head`; lm_head rows by target token, where both vocabularies have it."""
+    sd = {k: v for k, v in start.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    head.load_state_dict(sd, strict=False)
+    ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size))
+    old_ids = start.to_target_ids(torch.arange(start.config.draft_vocab_size))
+    row_of = torch.full((start.config.vocab_size,), -1, dtype=torch.long)
+    row_of[old_ids] = torch.arange(len(old_ids))
+    shared = row_of[ids] >= 0
+    with torch.no_grad():
+        head.lm_head.weight[shared] = start.lm_head.weight[row_of[ids][shared]].to(head.lm_head.weight.dtype)
+
+
 def _repeat_kv(x, n):
     return x.repeat_interleave(n, dim=1) if n > 1 else x
 
@@ -145,7 +158,8 @@ def _collate(seqs, idx, dev):
 def train(target, seqs, out, draft_vocab=8192, epochs=2.0, max_tokens=2048, lr=5e-4, ttt_steps=5, warmup=0.05,
           clip=0.5, ckpt_every=50, seed=0, init_from=None, log=print):
     """Train (or resume) a head on `seqs`; writes out/config.json + model.safetensors and out/train_state.pt.
-    init_from: a saved head to start from (keeps its draft vocabulary) instead of the target's readout."""
+    init_from: a saved head to start from instead of the target's readout. The draft vocabulary is still chosen from
+    `seqs`; lm_head rows of tokens the saved head also has are copied, new tokens start from the target's rows."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     dev = target.device
@@ -154,14 +168,11 @@ def train(target, seqs, out, draft_vocab=8192, epochs=2.0, max_tokens=2048, lr=5
     state = torch.load(state_path, weights_only=False) if state_path.exists() else None
     if state:
         draft_ids = state["draft_ids"]
-    elif init_from:
-        start = Eagle3Head.from_pretrained(init_from)
-        draft_ids = start.to_target_ids(torch.arange(start.config.draft_vocab_size))
     else:
         draft_ids, _ = draft_vocab_from_data(seqs, draft_vocab, target.config.vocab_size)
     head = init_head(target, draft_ids, seed)
     if init_from and not state:
-        head.load_state_dict(start.state_dict())
+        _load_shared(head, Eagle3Head.from_pretrained(init_from))
         log(f"starting from the head in {init_from}")
     head = head.to(dev).train()
     opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -225,7 +236,8 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=2048, help="padded tokens per training batch")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--ttt-steps", type=int, default=5)
-    ap.add_argument("--init-from", help="start from this saved head (fine-tune) instead of the target's readout")
+    ap.add_argument("--init-from", help="start from this saved head (fine-tune) instead of the target's readout; "
+                    "lm_head rows of tokens both vocabularies share are kept")
     a = ap.parse_args(argv)
     target = load_target(a.target)
     data = Path(a.data or Path("data") / target.name)
