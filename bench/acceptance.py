@@ -4,6 +4,7 @@ engine's vanilla decode vs Hugging Face generate(), side by side in one run (rat
     python -m bench.acceptance [--prompts 84] [--max-new-tokens 96] [--batch 1 8] [--temps 0 0.7] [--out FILE]
 """
 import argparse
+import functools
 import statistics
 import time
 
@@ -14,11 +15,18 @@ from eagle3.prompts import heldout_prompts
 from eagle3.target import DEFAULT_TARGET, cache_dir
 
 
-def hf_generate(prompts, target, max_new_tokens, batch):
-    """tokens/s of transformers' own greedy generate() on the same prompts (batched with left padding)."""
+@functools.cache
+def _hf_model():
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(cache_dir() / DEFAULT_TARGET, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(cache_dir() / DEFAULT_TARGET, dtype=torch.float32).eval()
+
+
+def hf_generate(prompts, target, max_new_tokens, batch, prompt_lookup=None):
+    """tokens/s of transformers' own greedy generate() on the same prompts (batched with left padding);
+    prompt_lookup: n-gram candidate tokens for HF's prompt-lookup decoding (HF runs it at batch 1 only)."""
+    hf = _hf_model()
+    extra = dict(prompt_lookup_num_tokens=prompt_lookup) if prompt_lookup else {}
     eos = target.eos_ids[0]
     new = 0
     t0 = time.perf_counter()
@@ -29,7 +37,7 @@ def hf_generate(prompts, target, max_new_tokens, batch):
         att = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in ids])
         with torch.no_grad():
             out = hf.generate(x, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False,
-                              pad_token_id=eos, eos_token_id=eos)
+                              pad_token_id=eos, eos_token_id=eos, **extra)
         for row in out[:, L:].tolist():
             new += row.index(eos) if eos in row else len(row)
     return new / (time.perf_counter() - t0)

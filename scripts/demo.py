@@ -8,6 +8,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 PROMPTS = [
     "Explain why the sky is blue in two sentences.",
@@ -66,19 +67,27 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the job")
+    parser.add_argument("--heldout", type=int, help="submit this many of eagle3's held-out prompts instead")
+    parser.add_argument("--json", help="also write the final job, its wall time and item count here")
+    parser.add_argument("--quiet", action="store_true", help="do not print every result")
     args = parser.parse_args()
     base = args.url.rstrip("/")
+    prompts = PROMPTS
+    if args.heldout:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from eagle3.prompts import heldout_prompts
+        prompts = [p["prompt"] for p in heldout_prompts()][: args.heldout]
 
     wait_healthy(base, 300)
     job = {"type": "generation",
-           "items": [{"custom_id": f"prompt-{i:02d}", "prompt": p} for i, p in enumerate(PROMPTS)],
+           "items": [{"custom_id": f"prompt-{i:02d}", "prompt": p} for i, p in enumerate(prompts)],
            "params": {"max_new_tokens": args.max_new_tokens, "temperature": 0.0, "measure_baseline": True},
            "metadata": {"source": "demo"}}
     status, created = call(f"{base}/v1/jobs", "POST", job)
     if status != 202:
         sys.exit(f"submission failed ({status}): {json.dumps(created, indent=1)}")
     job_id = created["id"]
-    print(f"--- job {job_id}: {len(PROMPTS)} prompts, max_new_tokens={args.max_new_tokens}, measure_baseline=true")
+    print(f"--- job {job_id}: {len(prompts)} prompts, max_new_tokens={args.max_new_tokens}, measure_baseline=true")
 
     started, shown = time.monotonic(), None
     while True:
@@ -92,11 +101,14 @@ def main() -> None:
             break
         if time.monotonic() - started > args.timeout:
             sys.exit(f"job {job_id} still {state['status']} after {args.timeout:.0f} s")
-        time.sleep(2)
+        time.sleep(0.5)
+    wall = time.monotonic() - started
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(job=state, wall_s=wall, items=len(prompts)), indent=1))
 
     _, page = call(f"{base}/v1/jobs/{job_id}/results?limit=1000")
     print("\n--- results")
-    for r in page["data"]:
+    for r in page["data"][: 3 if args.quiet else None]:
         text = (r["output"] or {}).get("text", "") if r["error"] is None else f"ERROR: {r['error']['message']}"
         text = " ".join(text.split())
         stats = r["stats"] or {}
