@@ -18,6 +18,7 @@ class State:
     settings: Settings
     Session: object  # sessionmaker
     celery: object  # a Celery app used only to send messages and ping workers
+    limiter: object = None  # flask_limiter.Limiter
 
 
 def create_app(overrides: dict | None = None) -> Flask:
@@ -30,10 +31,15 @@ def create_app(overrides: dict | None = None) -> Flask:
                                    celery=make_celery(settings))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from . import auth, ratelimit
     from .health import bp as health_bp
     from .openapi import bp as openapi_bp
     from .views import bp as jobs_bp
 
+    # Order matters: identify the key, then rate-limit (by key or IP), then reject unauthenticated /v1 calls.
+    auth.init_identify(app)
+    app.extensions["jobs"].limiter = ratelimit.init_app(app, settings)
+    auth.init_enforce(app)
     app.register_blueprint(jobs_bp)
     app.register_blueprint(health_bp)
     app.register_blueprint(openapi_bp)
