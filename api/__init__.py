@@ -34,6 +34,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     from . import auth, ratelimit
     from .health import bp as health_bp
     from .openapi import bp as openapi_bp
+    from .schedules import bp as schedules_bp
     from .views import bp as jobs_bp
 
     # Order matters: identify the key, then rate-limit (by key or IP), then reject unauthenticated /v1 calls.
@@ -41,6 +42,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.extensions["jobs"].limiter = ratelimit.init_app(app, settings)
     auth.init_enforce(app)
     app.register_blueprint(jobs_bp)
+    app.register_blueprint(schedules_bp)
     app.register_blueprint(health_bp)
     app.register_blueprint(openapi_bp)
     errors.register(app)

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, field_validator
 from jobs.models import JOB_STATUSES
 # The submission models live in jobs/ (the scheduler validates with them too); re-exported for the views and spec.
 from jobs.spec import (DEFAULT_PARAMS, DecodeOverrides, ItemIn, JobCreate, JobOptions, JobParams,  # noqa: F401
-                       JobType, Strict)
+                       JobType, ScheduleCreate, ScheduleUpdate, Strict)
 
 JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]
 ItemStatus = Literal["completed", "failed", "cancelled"]

@@ -67,3 +67,36 @@ class JobOptions(Strict):
     params: JobParams = Field(default_factory=JobParams)
     priority: int = Field(5, ge=0, le=9)
     metadata: dict[str, str] = Field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------ schedules
+class InlineSource(Strict):
+    kind: Literal["inline"] = "inline"
+    items: list[ItemIn] = Field(min_length=1)
+
+
+class FileSource(Strict):
+    """A JSONL file (one ItemIn per line) under the server's SCHEDULE_INPUT_DIR, read at every run."""
+    kind: Literal["file"]
+    path: str = Field(min_length=1, max_length=1024, description="Relative to SCHEDULE_INPUT_DIR.")
+
+
+class ScheduleCreate(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    cron: str = Field("0 2 * * *", min_length=1, max_length=128, examples=["0 2 * * *"],
+                      description="5-field cron expression (minute hour day month weekday), in `timezone`. "
+                                  "Default: nightly at 02:00.")
+    timezone: str = Field("UTC", min_length=1, max_length=64, description="IANA name, e.g. Europe/Berlin.")
+    job: JobOptions = Field(default_factory=JobOptions, description="The job each run creates (items aside).")
+    source: InlineSource | FileSource = Field(discriminator="kind")
+    enabled: bool = True
+
+
+class ScheduleUpdate(Strict):
+    """PATCH: the fields to change."""
+    name: str | None = Field(None, min_length=1, max_length=128)
+    cron: str | None = Field(None, min_length=1, max_length=128)
+    timezone: str | None = Field(None, min_length=1, max_length=64)
+    job: JobOptions | None = None
+    source: InlineSource | FileSource | None = Field(None, discriminator="kind")
+    enabled: bool | None = None

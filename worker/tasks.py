@@ -11,7 +11,8 @@ from celery_batches.trace import apply_batches_task
 from jobs.config import get_settings
 from jobs.db import get_engine as get_db_engine
 from jobs.db import session_factory
-from jobs.queue import BROKER_ERRORS, DECODE_TASK, REQUEUE_TASK, celery_app, enqueue_unsent
+from jobs import schedules
+from jobs.queue import BROKER_ERRORS, DECODE_TASK, DISPATCH_TASK, REQUEUE_TASK, celery_app, enqueue_unsent
 
 from . import processing
 from .engine import get_engine
@@ -91,3 +92,11 @@ def requeue_unsent():
     if sent:
         log.info("re-sent %d items that had not reached the broker", sent)
     return sent
+
+
+@celery_app.task(name=DISPATCH_TASK, acks_late=False)
+def dispatch_schedules():
+    """Beat, every minute: create the jobs of the schedules that are due (once per due time; jobs/schedules.py)."""
+    runs = schedules.dispatch(Session, celery_app, settings)
+    return [{"schedule_id": str(r.schedule_id), "due_at": r.due_at.isoformat(),
+             "job_id": str(r.job_id) if r.job_id else None, "error": r.error} for r in runs]
