@@ -33,9 +33,10 @@ def init_app(app: Flask, settings) -> Limiter:
         return response
 
     limiter = Limiter(
-        limit_key, app=app, default_limits=[current_limit], storage_uri=settings.rate_limit_storage_uri,
+        # application limits: one budget per key (or IP) across all routes, not one per route
+        limit_key, app=app, application_limits=[current_limit], storage_uri=settings.rate_limit_storage_uri,
         storage_options={"socket_connect_timeout": 1, "socket_timeout": 1},
         key_prefix=settings.rate_limit_key_prefix, strategy="moving-window", headers_enabled=True,
         swallow_errors=True, on_breach=on_breach,
-        default_limits_exempt_when=lambda: request.path in EXEMPT)
+        application_limits_exempt_when=lambda: request.path in EXEMPT)
     return limiter
