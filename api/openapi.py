@@ -114,6 +114,9 @@ def spec() -> dict:
             "/health": {"get": {
                 "summary": "Database, broker and a worker on the batch queue", "operationId": "health", **OPEN,
                 "responses": {"200": {"description": "All up", **body("HealthOut")}, **problems(503)}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "metrics", **OPEN,
+                                 "responses": {"200": {"description": "Prometheus text format",
+                                                       "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
             "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi", **OPEN,
                                       "responses": {"200": {"description": "OpenAPI 3.1"}}}},
         },
