@@ -35,6 +35,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     from .health import bp as health_bp
     from .openapi import bp as openapi_bp
     from .schedules import bp as schedules_bp
+    from .status import bp as status_bp
     from .views import bp as jobs_bp
 
     metrics.init_app(app)
@@ -46,6 +47,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.register_blueprint(schedules_bp)
     app.register_blueprint(health_bp)
     app.register_blueprint(metrics.bp)
+    app.register_blueprint(status_bp)
     app.register_blueprint(openapi_bp)
     errors.register(app)
     return app

@@ -35,6 +35,7 @@ def query(name: str, schema: dict, description: str = "") -> dict:
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
 SCHEDULE_ID = {"name": "schedule_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
 OPEN = {"security": []}  # no API key needed
+HTML = {"description": "HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
 SCHEDULE = {"description": "The schedule", "content": {"application/json": {"schema": {"type": "object"}}}}
 
 
@@ -117,6 +118,18 @@ def spec() -> dict:
             "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "metrics", **OPEN,
                                  "responses": {"200": {"description": "Prometheus text format",
                                                        "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/": {"get": {"summary": "Status page (HTML): the key's recent jobs; a login form without the cookie",
+                          "operationId": "statusPage", **OPEN,
+                          "parameters": [query("key", {"type": "string"}, "an API key: sets the cookie, redirects")],
+                          "responses": {"200": HTML, "303": {"description": "Signed in: to /"},
+                                        "400": HTML, "401": HTML}}},
+            "/login": {"post": {"summary": "Status page sign-in: sets an HttpOnly cookie with the key",
+                                "operationId": "login", **OPEN, "requestBody": {"required": True, "content": {
+                                    "application/x-www-form-urlencoded": {"schema": {
+                                        "type": "object", "properties": {"key": {"type": "string"}}}}}},
+                                "responses": {"303": {"description": "Signed in: to /"}, "400": HTML, "401": HTML}}},
+            "/logout": {"post": {"summary": "Status page sign-out", "operationId": "logout", **OPEN,
+                                 "responses": {"303": {"description": "Signed out: to /"}}}},
             "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi", **OPEN,
                                       "responses": {"200": {"description": "OpenAPI 3.1"}}}},
         },
