@@ -35,7 +35,7 @@ def test_every_v1_route_needs_a_key(anon_client, method, path):
 
 def test_open_endpoints_reveal_no_jobs(anon_client, client):
     job = submit(client, {"items": prompts(1, "Secret topic"), "params": {"max_new_tokens": 2}})
-    for path in ("/health", "/openapi.json"):
+    for path in ("/health", "/openapi.json", "/metrics"):
         response = anon_client.get(path)
         assert response.status_code in (200, 503)
         assert job["id"] not in response.get_data(as_text=True)
