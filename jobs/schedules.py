@@ -45,12 +45,21 @@ def check(schedule: ScheduleCreate, settings: Settings) -> None:
     checks as a submission. Raises Invalid."""
     errors = []
     fields = schedule.cron.split()
-    if len(fields) != 5 or not croniter.is_valid(schedule.cron):
+    cron_ok = len(fields) == 5 and croniter.is_valid(schedule.cron)
+    if not cron_ok:
         errors.append(_error("cron", "not a valid 5-field cron expression (minute hour day month weekday)"))
     try:
         zone(schedule.timezone)
     except ValueError as exc:
         errors.append(_error("timezone", str(exc)))
+    else:
+        if cron_ok:
+            try:  # valid syntax can still never match (say, February 30)
+                now = datetime.now(timezone.utc)
+                next_due(schedule.cron, schedule.timezone, now)
+                latest_due(schedule.cron, schedule.timezone, now)
+            except Exception:  # noqa: BLE001 - croniter raises several kinds
+                errors.append(_error("cron", "the expression never matches a date"))
     if schedule.source.kind == "file":
         try:
             input_path(schedule.source.path, settings)
@@ -59,6 +68,9 @@ def check(schedule: ScheduleCreate, settings: Settings) -> None:
     if errors:
         raise Invalid(errors)
     if schedule.source.kind == "inline":
+        if len(schedule.source.items) > settings.max_items_per_job:
+            raise Invalid([_error("source.items", f"a job holds at most {settings.max_items_per_job} items",
+                                  "too_long")], 413, "Too many items")
         try:
             submission.prepare(job_create(schedule, schedule.source.items), settings)
         except Invalid as exc:

@@ -91,6 +91,7 @@ def test_a_schedule_needs_only_a_name_and_items_and_defaults_to_nightly_at_two(a
 
 @pytest.mark.parametrize("change,field", [
     ({"cron": "61 * * * *"}, "cron"), ({"cron": "* * * *"}, "cron"), ({"cron": "* * * * * *"}, "cron"),
+    ({"cron": "0 0 30 2 *"}, "cron"), ({"cron": "*/0 * * * *"}, "cron"),
     ({"timezone": "Mars/Olympus"}, "timezone"), ({"timezone": "../../etc/passwd"}, "timezone"),
     ({"source": {"kind": "file", "path": "../escape.jsonl"}}, "source.path"),
     ({"source": {"kind": "file", "path": "/etc/passwd"}}, "source.path"),
@@ -105,6 +106,13 @@ def test_invalid_schedules_are_422(api, change, field):
     response = api.post("/v1/schedules", json={**NIGHTLY, **change})
     assert response.status_code == 422 and response.mimetype == "application/problem+json", response.get_json()
     assert response.get_json()["errors"][0]["field"] == field
+
+
+def test_too_many_inline_items_is_413(database):
+    api = client_for(create_app({"max_items_per_job": 2}))
+    response = api.post("/v1/schedules", json={**NIGHTLY, "source": {"kind": "inline", "items": [
+        {"prompt": f"p{i}"} for i in range(3)]}})
+    assert response.status_code == 413 and response.get_json()["errors"][0]["field"] == "source.items"
 
 
 def test_file_sources_need_the_input_dir(database):
