@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 from flask import Flask
 
 from jobs.config import Settings, get_settings
 from jobs.db import session_factory
+from jobs.logs import configure_logging
 from jobs.queue import make_celery
 
 from . import errors
@@ -18,6 +18,7 @@ class State:
     settings: Settings
     Session: object  # sessionmaker
     celery: object  # a Celery app used only to send messages and ping workers
+    limiter: object = None  # flask_limiter.Limiter
 
 
 def create_app(overrides: dict | None = None) -> Flask:
@@ -28,14 +29,25 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.json.sort_keys = False
     app.extensions["jobs"] = State(settings=settings, Session=session_factory(settings.database_url),
                                    celery=make_celery(settings))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
 
+    from . import auth, metrics, ratelimit
     from .health import bp as health_bp
     from .openapi import bp as openapi_bp
+    from .schedules import bp as schedules_bp
+    from .status import bp as status_bp
     from .views import bp as jobs_bp
 
+    metrics.init_app(app)
+    # Order matters: identify the key, then rate-limit (by key or IP), then reject unauthenticated /v1 calls.
+    auth.init_identify(app)
+    app.extensions["jobs"].limiter = ratelimit.init_app(app, settings)
+    auth.init_enforce(app)
     app.register_blueprint(jobs_bp)
+    app.register_blueprint(schedules_bp)
     app.register_blueprint(health_bp)
+    app.register_blueprint(metrics.bp)
+    app.register_blueprint(status_bp)
     app.register_blueprint(openapi_bp)
     errors.register(app)
     return app

@@ -15,9 +15,10 @@ class ApiError(Exception):
     """Raise anywhere in a view to answer with a problem."""
 
     def __init__(self, status: int, title: str, detail: str | None = None, errors: list[dict] | None = None,
-                 **extra):
+                 headers: dict | None = None, **extra):
         super().__init__(detail or title)
         self.status, self.title, self.detail, self.errors, self.extra = status, title, detail, errors, extra
+        self.headers = headers or {}
 
 
 def field_name(loc) -> str:
@@ -62,7 +63,9 @@ def problem(status: int, title: str, detail: str | None = None, errors=None, **e
 def register(app: Flask) -> None:
     @app.errorhandler(ApiError)
     def _api_error(exc: ApiError):
-        return problem(exc.status, exc.title, exc.detail, exc.errors, **exc.extra)
+        response = problem(exc.status, exc.title, exc.detail, exc.errors, **exc.extra)
+        response.headers.update(exc.headers)
+        return response
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

@@ -8,3 +8,19 @@ threads = int(os.environ.get("API_THREADS", "8"))
 # The first POST of a process loads the target's tokenizer (with the model: see README); leave it time.
 timeout = 120
 accesslog = "-"
+
+# Prometheus multiprocess mode: every gunicorn worker writes its metrics under this directory and /metrics adds them
+# up (api/metrics.py). Emptied at start; a dead worker's live gauges are dropped in child_exit.
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+_metrics_dir = os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR",
+                                     os.path.join(tempfile.gettempdir(), f"eagle3-api-metrics-{bind.rsplit(':', 1)[1]}"))
+shutil.rmtree(_metrics_dir, ignore_errors=True)
+os.makedirs(_metrics_dir, exist_ok=True)
+
+
+def child_exit(server, worker):
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

@@ -20,10 +20,12 @@ def body(name: str, media: str = "application/json") -> dict:
 
 
 def problems(*codes: int) -> dict:
-    text = {400: "Malformed JSON or JSONL", 404: "No such job", 409: "Conflict", 413: "Too large",
+    text = {400: "Malformed JSON or JSONL", 401: "Missing, invalid or revoked API key", 404: "No such job",
+            429: "Rate limit or queued-items limit exceeded (see Retry-After)", 409: "Conflict", 413: "Too large",
             415: "Unsupported content type", 422: "Invalid field (see errors[].field)", 502: "The item failed",
             503: "A dependency is unavailable", 504: "Timed out; poll the job"}
-    return {str(c): {"description": text[c], **body("Problem", "application/problem+json")} for c in codes}
+    return {str(c): {"description": text[c], **body("Problem", "application/problem+json")}
+            for c in (*codes, 401, 429)}
 
 
 def query(name: str, schema: dict, description: str = "") -> dict:
@@ -31,11 +33,16 @@ def query(name: str, schema: dict, description: str = "") -> dict:
 
 
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+SCHEDULE_ID = {"name": "schedule_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+OPEN = {"security": []}  # no API key needed
+HTML = {"description": "HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
+SCHEDULE = {"description": "The schedule", "content": {"application/json": {"schema": {"type": "object"}}}}
 
 
 @cache
 def spec() -> dict:
-    models = [(m, "validation") for m in (s.JobCreate, s.JobOptions, s.GenerateRequest)] + \
+    models = [(m, "validation") for m in (s.JobCreate, s.JobOptions, s.GenerateRequest, s.ScheduleCreate,
+                                          s.ScheduleUpdate)] + \
              [(m, "serialization") for m in (s.JobOut, s.JobList, s.ResultOut, s.ResultList, s.GenerateOut,
                                              s.Problem, s.HealthOut)]
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
@@ -86,13 +93,50 @@ def spec() -> dict:
                 "operationId": "generate", "requestBody": {"required": True, **body("GenerateRequest")},
                 "responses": {"200": {"description": "Text and stats", **body("GenerateOut")},
                               **problems(400, 415, 422, 502, 503, 504)}}},
+            "/v1/schedules": {
+                "post": {"summary": "Create a scheduled job (cron, timezone, job template, item source)",
+                         "operationId": "createSchedule",
+                         "requestBody": {"required": True, **body("ScheduleCreate")},
+                         "responses": {"201": SCHEDULE, **problems(400, 413, 415, 422)}},
+                "get": {"summary": "List the key's schedules", "operationId": "listSchedules",
+                        "responses": {"200": {"description": "Schedules", "content": {
+                            "application/json": {"schema": {"type": "object"}}}}}},
+            },
+            "/v1/schedules/{schedule_id}": {
+                "get": {"summary": "A schedule and its recent runs", "operationId": "getSchedule",
+                        "parameters": [SCHEDULE_ID], "responses": {"200": SCHEDULE, **problems(404)}},
+                "patch": {"summary": "Change a schedule", "operationId": "updateSchedule",
+                          "parameters": [SCHEDULE_ID], "requestBody": {"required": True, **body("ScheduleUpdate")},
+                          "responses": {"200": SCHEDULE, **problems(400, 404, 415, 422)}},
+                "delete": {"summary": "Delete a schedule (its jobs stay)", "operationId": "deleteSchedule",
+                           "parameters": [SCHEDULE_ID],
+                           "responses": {"204": {"description": "Deleted"}, **problems(404)}},
+            },
             "/health": {"get": {
-                "summary": "Database, broker and a worker on the batch queue", "operationId": "health",
+                "summary": "Database, broker and a worker on the batch queue", "operationId": "health", **OPEN,
                 "responses": {"200": {"description": "All up", **body("HealthOut")}, **problems(503)}}},
-            "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
+            "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "metrics", **OPEN,
+                                 "responses": {"200": {"description": "Prometheus text format",
+                                                       "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/": {"get": {"summary": "Status page (HTML): the key's recent jobs; a login form without the cookie",
+                          "operationId": "statusPage", **OPEN,
+                          "parameters": [query("key", {"type": "string"}, "an API key: sets the cookie, redirects")],
+                          "responses": {"200": HTML, "303": {"description": "Signed in: to /"},
+                                        "400": HTML, "401": HTML}}},
+            "/login": {"post": {"summary": "Status page sign-in: sets an HttpOnly cookie with the key",
+                                "operationId": "login", **OPEN, "requestBody": {"required": True, "content": {
+                                    "application/x-www-form-urlencoded": {"schema": {
+                                        "type": "object", "properties": {"key": {"type": "string"}}}}}},
+                                "responses": {"303": {"description": "Signed in: to /"}, "400": HTML, "401": HTML}}},
+            "/logout": {"post": {"summary": "Status page sign-out", "operationId": "logout", **OPEN,
+                                 "responses": {"303": {"description": "Signed out: to /"}}}},
+            "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi", **OPEN,
                                       "responses": {"200": {"description": "OpenAPI 3.1"}}}},
         },
-        "components": {"schemas": top["$defs"]},
+        "security": [{"bearer": []}],
+        "components": {"schemas": top["$defs"], "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer",
+                       "description": "An API key (e3k_...) from `python -m api.keys create --name NAME`."}}},
     }
 
 

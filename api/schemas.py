@@ -4,71 +4,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from jobs.models import JOB_STATUSES, JOB_TYPES
+from jobs.models import JOB_STATUSES
+# The submission models live in jobs/ (the scheduler validates with them too); re-exported for the views and spec.
+from jobs.spec import (DEFAULT_PARAMS, DecodeOverrides, ItemIn, JobCreate, JobOptions, JobParams,  # noqa: F401
+                       JobType, ScheduleCreate, ScheduleUpdate, Strict)
 
-JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
 JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]
 ItemStatus = Literal["completed", "failed", "cancelled"]
-
-# Job-level defaults; an item may override any of them.
-DEFAULT_PARAMS = {"max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                  "parallel_degree": 4, "validation_threshold": 1.0, "seed": None}
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
-
-
-class DecodeOverrides(Strict):
-    """Decoding parameters. Unset fields take the job's value, then the defaults."""
-    max_new_tokens: int | None = Field(None, ge=1, description="Tokens to generate at most (default 64).")
-    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 = greedy, deterministic (default).")
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (default 1.0).")
-    top_k: int | None = Field(None, ge=0, le=1000, description="0 = no top-k filter (default).")
-    parallel_degree: int | None = Field(None, ge=1, le=16, description="Draft tokens per tree level (default 4).")
-    validation_threshold: float | None = Field(
-        None, gt=0.0, le=1.0, description="Verification acceptance threshold; 1.0 = lossless (default).")
-    seed: int | None = Field(None, ge=0, le=2**31 - 1, description="Sampling seed (temperature > 0).")
-
-
-class JobParams(DecodeOverrides):
-    measure_baseline: bool = Field(
-        False, description="Also decode a sample of the items without speculation and store the measured speedup.")
-
-
-class ItemIn(DecodeOverrides):
-    custom_id: str | None = Field(None, min_length=1, max_length=256,
-                                  description="Your id, echoed in the results; unique within the job. "
-                                              "Default: the item's position.")
-    prompt: str = Field(min_length=1, description="generation: the user message; review: the text to judge.")
-
-
-class JobCreate(Strict):
-    type: JobType = "generation"
-    items: list[ItemIn] = Field(min_length=1)
-    params: JobParams = Field(default_factory=JobParams)
-    priority: int = Field(5, ge=0, le=9, description="9 is served first.")
-    metadata: dict[str, str] = Field(default_factory=dict, description="Up to 16 keys (64 chars), values 512 chars.")
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_limits(cls, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > 16:
-            raise ValueError("at most 16 keys")
-        for key, item in value.items():
-            if len(key) > 64 or len(item) > 512:
-                raise ValueError(f"key {key[:64]!r}: keys are at most 64 characters, values 512")
-        return value
-
-
-class JobOptions(Strict):
-    """The job fields of a JSONL upload (multipart field `job`); the items come from the file."""
-    type: JobType = "generation"
-    params: JobParams = Field(default_factory=JobParams)
-    priority: int = Field(5, ge=0, le=9)
-    metadata: dict[str, str] = Field(default_factory=dict)
 
 
 class GenerateRequest(DecodeOverrides):

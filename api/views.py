@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import time
 import uuid
@@ -10,20 +9,19 @@ from datetime import datetime
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import insert, select, tuple_
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select, tuple_
 
-from jobs import lifecycle
+from jobs import lifecycle, submission
 from jobs.models import Item, ItemResult, Job
-from jobs.queue import BROKER_ERRORS, MAX_PRIORITY, enqueue_unsent
+from jobs.queue import MAX_PRIORITY
 
-from . import limits
+from . import auth
 from .errors import ApiError, invalid, validation_errors
 from .schemas import (DEFAULT_PARAMS, GenerateOut, GenerateRequest, ItemIn, JobCreate, JobList, JobOptions, JobOut,
                       ListJobsQuery, ResultList, ResultOut, ResultsQuery)
 
 bp = Blueprint("jobs", __name__)
-MAX_REPORTED_ERRORS = 50
+MAX_REPORTED_ERRORS = submission.MAX_REPORTED_ERRORS
 PARAM_ORDER = [*DEFAULT_PARAMS, "measure_baseline"]
 
 
@@ -98,102 +96,31 @@ def idempotency_key() -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ job creation
-def job_params(job: JobCreate) -> dict:
-    """The job's params with defaults filled in (what the API reports)."""
-    return {**DEFAULT_PARAMS, **job.params.model_dump(exclude_none=True)}
-
-
-def item_params(params: dict, item: ItemIn) -> dict:
-    """An item's effective decode params: defaults < job params < the item's overrides."""
-    own = item.model_dump(exclude_none=True, exclude={"custom_id", "prompt"})
-    return {k: v for k, v in {**params, **own}.items() if k != "measure_baseline"}
-
-
 def check_items(job: JobCreate, single: bool = False) -> list[tuple[str, dict]]:
-    """Checks that need the settings or the model: custom_id uniqueness, max_new_tokens, prompt vs context.
-    Returns each item's (custom_id, effective params); custom_id defaults to the position.
-    `single`: name fields as POST /generate's body does."""
-    settings, params = state().settings, job_params(job)
-    errors, seen, prepared = [], {}, []
-    for i, item in enumerate(job.items):
-        custom_id = item.custom_id if item.custom_id is not None else str(i)
-        if custom_id in seen:
-            errors.append({"field": f"items[{i}].custom_id", "type": "value_error",
-                           "message": f"duplicate custom_id {custom_id!r} (also items[{seen[custom_id]}])"})
-        seen.setdefault(custom_id, i)
-        effective = item_params(params, item)
-        prepared.append((custom_id, effective))
-        if effective["max_new_tokens"] > settings.max_new_tokens_limit:
-            where = "params." if item.max_new_tokens is None else f"items[{i}]."
-            errors.append({"field": ("" if single else where) + "max_new_tokens",
-                           "type": "less_than_equal",
-                           "message": f"at most {settings.max_new_tokens_limit} on this server"})
-        elif message := limits.too_long(settings.target, job.type, item.prompt, effective["max_new_tokens"]):
-            errors.append({"field": "prompt" if single else f"items[{i}].prompt", "type": "too_long",
-                           "message": message})
-        if len(errors) >= MAX_REPORTED_ERRORS:
-            break
-    if errors:
-        raise invalid(errors)
-    return prepared
-
-
-def baseline_sample(total: int, size: int) -> set[int]:
-    """Positions of the items also decoded without speculation: `size` of them, spread over the job."""
-    n = min(total, size)
-    return {j * total // n for j in range(n)} if n else set()
+    """jobs.submission.prepare, with its errors as a 422 problem."""
+    try:
+        return submission.prepare(job, state().settings, single)
+    except submission.Invalid as exc:
+        raise invalid(exc.errors, exc.status, exc.title) from None
 
 
 def store_and_enqueue(job_in: JobCreate, key: str | None, prepared: list[tuple[str, dict]]) -> tuple[Job, bool]:
-    """Create the job (or find the one this Idempotency-Key made) and send its unsent items to the queue.
+    """Create the caller's job (or find the one this Idempotency-Key made) and queue its items.
     Returns (job, replayed)."""
     s = state()
-    digest = hashlib.sha256(job_in.model_dump_json().encode()).hexdigest()
-
-    def find(session):
-        return session.scalar(select(Job).where(Job.idempotency_key == key)) if key else None
-
-    with s.Session() as session:
-        job = find(session)
-        replayed = job is not None
-        if job is None:
-            job = _create(session, job_in, key, digest, prepared)
-            try:
-                session.commit()
-            except IntegrityError:  # a concurrent request with the same key won
-                session.rollback()
-                job, replayed = find(session), True
-                if job is None:
-                    raise
-        if replayed and job.request_hash != digest:
-            raise ApiError(409, "Idempotency-Key reused", "this Idempotency-Key was used for a different request",
-                           job_id=str(job.id))
-        try:
-            enqueue_unsent(session, s.celery, job_id=job.id)
-            session.commit()
-        except BROKER_ERRORS as exc:
-            session.rollback()
-            raise ApiError(503, "Broker unavailable",
-                           f"the job is stored but its items could not be queued ({exc.__class__.__name__}); they "
-                           "are sent when the broker is back (beat retries every minute) or when this request is "
-                           "repeated with the same Idempotency-Key", job_id=str(job.id)) from None
-        session.refresh(job)
-        return job, replayed
-
-
-def _create(session, job_in: JobCreate, key, digest, prepared) -> Job:
-    params = job_params(job_in)
-    job = Job(type=job_in.type, priority=job_in.priority, params=params, metadata_=job_in.metadata,
-              idempotency_key=key, request_hash=digest, total_items=len(job_in.items))
-    session.add(job)
-    session.flush()
-    sample = baseline_sample(len(job_in.items), state().settings.baseline_sample_size) \
-        if params["measure_baseline"] else set()
-    session.execute(insert(Item), [
-        {"job_id": job.id, "idx": i, "custom_id": custom_id, "prompt": item.prompt, "params": effective,
-         "baseline_sample": i in sample}
-        for i, (item, (custom_id, effective)) in enumerate(zip(job_in.items, prepared))])
-    return job
+    try:
+        return submission.submit(s.Session, s.celery, s.settings, job_in, prepared, api_key_id=auth.key_id(),
+                                 idempotency_key=key, max_active_items=s.settings.max_queued_items_per_key)
+    except submission.IdempotencyConflict as exc:
+        raise ApiError(409, "Idempotency-Key reused", str(exc), job_id=str(exc.job_id)) from None
+    except submission.QuotaExceeded as exc:
+        raise ApiError(429, "Too many queued items", str(exc),
+                       headers={"Retry-After": str(s.settings.quota_retry_after_s)}) from None
+    except submission.BrokerDown as exc:
+        raise ApiError(503, "Broker unavailable",
+                       f"the job is stored but its items could not be queued ({exc}); they are sent when the "
+                       "broker is back (beat retries every minute) or when this request is repeated with the same "
+                       "Idempotency-Key", job_id=str(exc.job_id)) from None
 
 
 # ------------------------------------------------------------------------------------------ presentation
@@ -236,11 +163,12 @@ def result_out(item: Item, result: ItemResult) -> dict:
 
 
 def get_job(session, job_id: str) -> Job:
+    """The caller's job; another key's job is 404, exactly like a job that does not exist."""
     try:
         job = session.get(Job, uuid.UUID(job_id))
     except ValueError:
         job = None
-    if job is None:
+    if job is None or job.api_key_id != auth.key_id():
         raise ApiError(404, "Not Found", f"no job {job_id!r}")
     return job
 
@@ -285,7 +213,8 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 @bp.get("/v1/jobs")
 def list_jobs():
     query = validate(ListJobsQuery, request.args.to_dict())
-    statement = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(query.limit + 1)
+    statement = select(Job).where(Job.api_key_id == auth.key_id()) \
+        .order_by(Job.created_at.desc(), Job.id.desc()).limit(query.limit + 1)
     if query.status:
         statement = statement.where(Job.status.in_(query.status.split(",")))
     if query.after:

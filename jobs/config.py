@@ -38,6 +38,22 @@ class Settings:
     # POST /generate waits this long for its item before answering 504 with the job id.
     generate_timeout_s: float = field(default_factory=lambda: _env("GENERATE_TIMEOUT_S", 60.0, float))
 
+    # Rate limits (Flask-Limiter, stored in Redis so every gunicorn worker shares them): per API key, or per client
+    # IP for calls without a valid key. A limits string: "600/minute", "10/second;600/minute", ...
+    rate_limit: str = field(default_factory=lambda: _env("RATE_LIMIT", "600/minute"))
+    rate_limit_unauthenticated: str = field(default_factory=lambda: _env("RATE_LIMIT_UNAUTHENTICATED", "60/minute"))
+    rate_limit_storage_uri: str = field(default_factory=lambda: _env("RATE_LIMIT_STORAGE_URI", "") or
+                                        _env("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    rate_limit_key_prefix: str = field(default_factory=lambda: _env("RATE_LIMIT_KEY_PREFIX", "eagle3-rl"))
+    # A key's queued + running items at most; a submission that would pass it is 429.
+    max_queued_items_per_key: int = field(default_factory=lambda: _env("MAX_QUEUED_ITEMS_PER_KEY", 100_000, int))
+    quota_retry_after_s: int = field(default_factory=lambda: _env("QUOTA_RETRY_AFTER_S", 60, int))
+
+    # Schedules with a file item source read JSONL files under this directory only ("" = file sources disabled).
+    schedule_input_dir: str = field(default_factory=lambda: _env("SCHEDULE_INPUT_DIR", ""))
+    # Workers serve Prometheus metrics on this port (0 = off).
+    worker_metrics_port: int = field(default_factory=lambda: _env("WORKER_METRICS_PORT", 9808, int))
+
 
 @cache
 def get_settings() -> Settings:

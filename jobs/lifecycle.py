@@ -48,6 +48,7 @@ class Claimed:
     prompt: str
     params: dict
     baseline_sample: bool
+    job_id: uuid.UUID | None = None
 
 
 def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[list[Claimed], list[Outcome]]:
@@ -68,7 +69,7 @@ def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[lis
         job = jobs[job_id]
         if job.status == "queued":
             job.status, job.started_at = "running", _now()
-    claimed = [Claimed(r.id, jobs[r.job_id].type, r.prompt, r.params, r.baseline_sample)
+    claimed = [Claimed(r.id, jobs[r.job_id].type, r.prompt, r.params, r.baseline_sample, r.job_id)
                for r in sorted(rows, key=lambda r: r.id)]
     gave_up = [Outcome(item_id, error=f"gave up after {max_attempts} deliveries (the worker was lost each time)")
                for item_id in exhausted]

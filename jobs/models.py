@@ -29,16 +29,33 @@ class Base(DeclarativeBase):
     })
 
 
+class ApiKey(Base):
+    """An API key. Only its sha256 is stored (keys are 32 random bytes, so a fast hash is enough: there is nothing to
+    brute-force), plus a short prefix to tell keys apart in listings. Revoked keys stay, so their jobs keep an owner."""
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    prefix: Mapped[str] = mapped_column(String(16))  # "e3k_" + the first 8 characters: safe to display
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the whole key
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    # The key that submitted the job (its schedule's key for a scheduled run). NULL: a job from before API keys
+    # existed, which no key can see.
+    api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    schedule_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"))
     type: Mapped[str] = mapped_column(String(16))
     status: Mapped[str] = mapped_column(String(16), default="queued")
     priority: Mapped[int] = mapped_column(Integer, default=5)
     params: Mapped[dict] = mapped_column(JSONB, default=dict)  # job-level decode params (items may override)
     metadata_: Mapped[dict] = mapped_column("metadata", JSONB, default=dict)
-    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))  # unique per key (see __table_args__)
     request_hash: Mapped[str | None] = mapped_column(String(64))
 
     total_items: Mapped[int] = mapped_column(Integer)
@@ -70,8 +87,10 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint(_in("type", JOB_TYPES), name="type"),
         CheckConstraint(_in("status", JOB_STATUSES), name="status"),
-        Index(None, "created_at", "id"),  # keyset pagination of GET /v1/jobs
+        Index(None, "api_key_id", "created_at", "id"),  # keyset pagination of GET /v1/jobs (per key)
         Index(None, "status"),
+        # Idempotency keys are per API key: one key's choice can neither collide with nor reveal another's.
+        UniqueConstraint("api_key_id", "idempotency_key"),
     )
 
 
@@ -117,3 +136,39 @@ class ItemResult(Base):
     item: Mapped[Item] = relationship(back_populates="result")
 
     __table_args__ = (CheckConstraint("(output IS NULL) <> (error IS NULL)", name="output_xor_error"),)
+
+
+class Schedule(Base):
+    """A job that runs on a cron schedule (Celery beat's dispatcher, every minute, creates the due runs)."""
+    __tablename__ = "schedules"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    api_key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"))
+    name: Mapped[str] = mapped_column(String(128))
+    cron: Mapped[str] = mapped_column(String(128))  # 5-field cron expression (croniter), in `timezone`
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")  # IANA name
+    # The job template: {type, params, priority, metadata}, validated like a submission's job fields.
+    template: Mapped[dict] = mapped_column(JSONB)
+    # Where the items come from: {"kind": "inline", "items": [...]} or {"kind": "file", "path": "<relative path
+    # under SCHEDULE_INPUT_DIR>"} (a JSONL file read at each run).
+    source: Mapped[dict] = mapped_column(JSONB)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # The due time the dispatcher last handled (only later due times are run); starts at creation.
+    last_due_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index(None, "api_key_id", "created_at"),)
+
+
+class ScheduleRun(Base):
+    """One due time of a schedule. Unique (schedule_id, due_at): two dispatchers (two beats) cannot both run it."""
+    __tablename__ = "schedule_runs"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    due_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    job_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    error: Mapped[str | None] = mapped_column(Text)  # why no job was created (e.g. the input file was invalid)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (UniqueConstraint("schedule_id", "due_at"),)

@@ -19,6 +19,7 @@ from .models import Item, Job
 
 DECODE_TASK = "worker.decode_items"
 REQUEUE_TASK = "worker.requeue_unsent"
+DISPATCH_TASK = "worker.dispatch_schedules"
 MAX_PRIORITY = 9  # API priority 0..9, 9 most urgent
 
 
@@ -29,7 +30,8 @@ def make_celery(settings: Settings) -> Celery:
         accept_content=["json"],
         task_ignore_result=True,  # results go to Postgres; there is no result backend
         task_default_queue=settings.queue,
-        task_routes={DECODE_TASK: {"queue": settings.queue}, REQUEUE_TASK: {"queue": settings.queue + ".maint"}},
+        task_routes={DECODE_TASK: {"queue": settings.queue}, REQUEUE_TASK: {"queue": settings.queue + ".maint"},
+                     DISPATCH_TASK: {"queue": settings.queue + ".maint"}},
         # Redeliver the messages of a batch whose worker died; writes are idempotent (see worker/processing.py).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -49,7 +51,13 @@ def make_celery(settings: Settings) -> Celery:
         # Fail a publish fast when Redis is down (the API answers 503; the items stay unsent in Postgres).
         task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
         broker_connection_timeout=2,
-        beat_schedule={"requeue-unsent": {"task": REQUEUE_TASK, "schedule": 60.0}},
+        # Run exactly one beat (`celery -A worker beat`). A second one is still harmless: requeueing is idempotent,
+        # and the dispatcher creates each schedule's run once per due time (jobs/schedules.py). Each message expires
+        # after a minute, so a backlog of them (no maint worker for a while) does not pile up.
+        beat_schedule={
+            "requeue-unsent": {"task": REQUEUE_TASK, "schedule": 60.0, "options": {"expires": 60}},
+            "dispatch-schedules": {"task": DISPATCH_TASK, "schedule": 60.0, "options": {"expires": 60}},
+        },
     )
     return app
 

@@ -1,9 +1,11 @@
 """Client half of scripts/demo.sh: submit a 20-prompt bulk job, poll it, print results and the speedup table.
-Standard library only, so it runs against any deployment: python scripts/demo.py --url http://host:8080"""
+Standard library only, so it runs against any deployment:
+    EAGLE3_API_KEY=e3k_... python scripts/demo.py --url http://host:8080"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -34,9 +36,15 @@ PROMPTS = [
 ]
 
 
+API_KEY = os.environ.get("EAGLE3_API_KEY", "")
+
+
 def call(url: str, method: str = "GET", body: dict | None = None):
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if API_KEY:
+        headers["Authorization"] = f"Bearer {API_KEY}"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.loads(response.read() or b"null")
@@ -70,7 +78,12 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, help="submit this many of eagle3's held-out prompts instead")
     parser.add_argument("--json", help="also write the final job, its wall time and item count here")
     parser.add_argument("--quiet", action="store_true", help="do not print every result")
+    parser.add_argument("--key", default=None, help="API key (default: $EAGLE3_API_KEY)")
     args = parser.parse_args()
+    global API_KEY
+    API_KEY = args.key or API_KEY
+    if not API_KEY:
+        sys.exit("an API key is needed: --key e3k_... or EAGLE3_API_KEY (python -m api.keys create --name demo)")
     base = args.url.rstrip("/")
     prompts = PROMPTS
     if args.heldout:

@@ -30,14 +30,20 @@ alembic upgrade head
 echo "--- loading ${EAGLE3_TARGET:-smollm2-135m-instruct} once (the first time converts the GGUF, ~40 s)"
 python -c "import os; from eagle3 import load_target; load_target(os.environ.get('EAGLE3_TARGET', 'smollm2-135m-instruct'))"
 
+echo "--- creating an API key for this run (revoked at the end)"
+EAGLE3_API_KEY=$(python -m api.keys create --name "demo-$(date +%Y%m%d-%H%M%S)-$$")
+export EAGLE3_API_KEY
+
 pids=()
 stop() {
   echo "--- stopping the API and the worker"
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  python -m api.keys revoke "${EAGLE3_API_KEY:0:12}" 2>/dev/null || true
 }
 trap stop EXIT
 
+export WORKER_METRICS_PORT=${WORKER_METRICS_PORT:-0}  # no metrics server in the demo (no port clash)
 python -m celery -A worker worker -Q "$CELERY_QUEUE,$CELERY_QUEUE.maint" --pool=prefork --concurrency=1 \
   -n "demo-$$@%h" --loglevel=INFO >"$logs/worker.log" 2>&1 &
 pids+=($!)

@@ -31,6 +31,13 @@ os.environ.update({
     "BATCH_FLUSH_INTERVAL": "0.3",
     "BASELINE_SAMPLE_SIZE": "4",
     "GENERATE_TIMEOUT_S": "60",
+    # Tests (load tests included) are not throttled unless they build an app with their own limits; counters
+    # live under this session's prefix, so purge_redis removes them.
+    "RATE_LIMIT": "1000000/minute",
+    "RATE_LIMIT_UNAUTHENTICATED": "1000000/minute",
+    "RATE_LIMIT_KEY_PREFIX": f"rl-{RUN_ID}",
+    "MAX_QUEUED_ITEMS_PER_KEY": "10000000",
+    "WORKER_METRICS_PORT": "0",
 })
 
 JOB_TEST_FILES = ("test_api_", "test_worker_", "test_migrations")
@@ -140,8 +147,57 @@ def app(database):
     return create_app()
 
 
+# ----------------------------------------------------------------------------------------------- API keys
+_session_key: list[str] = []
+
+
+def make_key(name: str = "test") -> str:
+    """A new API key in the session database; returns the plaintext key."""
+    from jobs import keys
+    from jobs.db import session_factory
+
+    with session_factory(os.environ["DATABASE_URL"]).begin() as session:
+        return keys.create_key(session, f"{name}-{RUN_ID}")[1]
+
+
+def session_key() -> str:
+    """The key every test client sends unless told otherwise (created once per session)."""
+    if not _session_key:
+        _session_key.append(make_key("session"))
+    return _session_key[0]
+
+
+def client_for(app, key: str | None = "session"):
+    """A test client of `app` that sends `Authorization: Bearer <key>` on every request (the session key by
+    default; None: no header). A request's own Authorization header still wins."""
+    test_client = app.test_client()
+    key = session_key() if key == "session" else key
+    if key is not None:
+        test_client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    return test_client
+
+
+@pytest.fixture(scope="session")
+def api_key(database) -> str:
+    """The session's API key (plaintext): what `client` and `client_for` send."""
+    return session_key()
+
+
+@pytest.fixture(scope="session")
+def auth_headers(api_key) -> dict:
+    """{"Authorization": "Bearer <session key>"}, for raw HTTP (requests against a live server)."""
+    return {"Authorization": f"Bearer {api_key}"}
+
+
 @pytest.fixture
-def client(app):
+def client(app, api_key):
+    """The session app's test client, authenticated with the session key."""
+    return client_for(app)
+
+
+@pytest.fixture
+def anon_client(app):
+    """The session app's test client without an API key."""
     return app.test_client()
 
 

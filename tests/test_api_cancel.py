@@ -2,7 +2,7 @@
 import time
 
 import pytest
-from conftest import RUN_ID, all_results, prompts, submit, wait_for
+from conftest import RUN_ID, all_results, client_for, prompts, submit, wait_for
 
 from api import create_app
 from jobs.db import session_factory
@@ -12,7 +12,7 @@ from jobs.queue import celery_app
 
 def test_cancel_queued_job_and_the_worker_skips_its_messages(worker, database, client):
     idle_queue = f"idle-{RUN_ID}"
-    idle = create_app({"queue": idle_queue}).test_client()  # its messages wait: no worker consumes this queue yet
+    idle = client_for(create_app({"queue": idle_queue}))  # its messages wait: no worker consumes this queue yet
     created = submit(idle, {"items": prompts(5, "Cancelled"), "params": {"max_new_tokens": 4}})
 
     response = idle.post(f"/v1/jobs/{created['id']}/cancel")

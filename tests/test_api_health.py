@@ -1,5 +1,5 @@
 """/health: database, broker and a worker on the batch queue; 503 naming what failed."""
-from conftest import RUN_ID, WorkerProcess
+from conftest import RUN_ID, WorkerProcess, client_for
 
 from api import create_app
 
@@ -14,7 +14,7 @@ def test_health_ok_with_the_worker_up(client, worker):
 
 def test_health_follows_a_worker_going_down(database, tmp_path):
     queue = f"health-{RUN_ID}"
-    client = create_app({"queue": queue}).test_client()
+    client = client_for(create_app({"queue": queue}))
     down = client.get("/health")
     assert down.status_code == 503 and down.mimetype == "application/problem+json"
     assert down.get_json()["checks"]["workers"]["ok"] is False
@@ -35,7 +35,7 @@ def test_health_follows_a_worker_going_down(database, tmp_path):
 
 
 def test_health_reports_the_broker_down(database):
-    response = create_app({"redis_url": "redis://127.0.0.1:1/0"}).test_client().get("/health")
+    response = client_for(create_app({"redis_url": "redis://127.0.0.1:1/0"})).get("/health")
     body = response.get_json()
     assert response.status_code == 503 and body["detail"] == "failed: broker, workers"
     assert body["checks"]["database"]["ok"] is True and body["checks"]["broker"]["ok"] is False
@@ -43,7 +43,7 @@ def test_health_reports_the_broker_down(database):
 
 def test_health_reports_the_database_down(database):
     url = "postgresql+psycopg://root@127.0.0.1:1/nothing"
-    response = create_app({"database_url": url}).test_client().get("/health")
+    response = client_for(create_app({"database_url": url})).get("/health")
     body = response.get_json()
     assert response.status_code == 503 and body["checks"]["database"]["ok"] is False
     assert "database" in body["detail"] and body["checks"]["broker"]["ok"] is True

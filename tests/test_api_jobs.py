@@ -4,7 +4,7 @@ import json
 import math
 
 import pytest
-from conftest import RUN_ID, all_results, prompts, submit, wait_for
+from conftest import RUN_ID, all_results, client_for, prompts, submit, wait_for
 
 from api import create_app
 from jobs import review
@@ -185,7 +185,7 @@ def test_generate_is_synchronous(client, worker, decoder):
 
 
 def test_generate_times_out_with_504(database):
-    client = create_app({"queue": f"nobody-{RUN_ID}", "generate_timeout_s": 0.5}).test_client()
+    client = client_for(create_app({"queue": f"nobody-{RUN_ID}", "generate_timeout_s": 0.5}))
     response = client.post("/generate", json={"prompt": "Nobody serves this queue"})
     body = response.get_json()
     assert response.status_code == 504 and response.mimetype == "application/problem+json"
@@ -194,7 +194,7 @@ def test_generate_times_out_with_504(database):
 
 
 def test_broker_outage_at_submit_is_503_and_recoverable(client, worker):
-    down = create_app({"redis_url": "redis://127.0.0.1:1/0"}).test_client()
+    down = client_for(create_app({"redis_url": "redis://127.0.0.1:1/0"}))
     key = f"outage-{RUN_ID}"
     body = {"items": prompts(2, "Outage"), "params": {"max_new_tokens": 2}}
     response = down.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})

@@ -6,6 +6,8 @@ import uuid
 
 import pytest
 
+from conftest import client_for
+
 from api import create_app
 
 OK_ITEM = {"custom_id": "a", "prompt": "Hello"}
@@ -106,13 +108,13 @@ def test_other_content_types_are_415(client, content_type):
 
 
 def test_too_many_items_is_413(database):
-    client = create_app({"max_items_per_job": 3}).test_client()
+    client = client_for(create_app({"max_items_per_job": 3}))
     response = client.post("/v1/jobs", json={"items": [{"prompt": f"p{i}"} for i in range(4)]})
     assert_problem(response, 413, "items", "at most 3")
 
 
 def test_too_many_bytes_is_413(database):
-    client = create_app({"max_request_bytes": 2000}).test_client()
+    client = client_for(create_app({"max_request_bytes": 2000}))
     response = client.post("/v1/jobs", json={"items": [{"prompt": "x" * 3000}]})
     assert_problem(response, 413)
     upload = {"file": (io.BytesIO(b'{"prompt": "' + b"x" * 3000 + b'"}\n'), "items.jsonl")}
@@ -161,7 +163,7 @@ def test_jsonl_bad_job_field(client):
 
 
 def test_jsonl_too_many_lines_is_413(database):
-    client = create_app({"max_items_per_job": 2}).test_client()
+    client = client_for(create_app({"max_items_per_job": 2}))
     assert_problem(upload(None, '{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"}\n', app_client=client), 413,
                    "items")
 

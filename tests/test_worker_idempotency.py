@@ -2,7 +2,7 @@
 
 Jobs are submitted through an API whose queue no worker consumes, so only this test decodes them."""
 import pytest
-from conftest import RUN_ID, submit
+from conftest import RUN_ID, client_for, submit
 from sqlalchemy import func, select, update
 
 from api import create_app
@@ -21,7 +21,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def idle(database):
-    return create_app({"queue": f"unconsumed-{RUN_ID}"}).test_client()
+    return client_for(create_app({"queue": f"unconsumed-{RUN_ID}"}))
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from collections import defaultdict
 from jobs import lifecycle, review
 from jobs.lifecycle import Claimed, Outcome
 
+from . import metrics
+
 log = logging.getLogger(__name__)
 LABELS = list(review.LABELS)
 
@@ -24,9 +26,18 @@ def process(Session, engine, item_ids: list[int], max_attempts: int) -> int:
         claimed, gave_up = lifecycle.claim(session, sorted(set(item_ids)), max_attempts)
         written = lifecycle.record(session, gave_up)
     if claimed:
+        job_ids = sorted({str(c.job_id) for c in claimed})
         outcomes = decode(engine, claimed)
         with Session.begin() as session:
             written += lifecycle.record(session, outcomes)
+        type_of = {c.id: c.job_type for c in claimed}
+        for outcome in outcomes:
+            metrics.ITEMS.labels(type_of[outcome.item_id], "failed" if outcome.error else "completed").inc()
+        log.info("decoded %d items of %d job(s)", len(claimed), len(job_ids),
+                 extra={"job_ids": job_ids, **({"job_id": job_ids[0]} if len(job_ids) == 1 else {}),
+                        "items": len(claimed), "written": written})
+    for outcome in gave_up:
+        metrics.ITEMS.labels("unknown", "failed").inc()
     return written
 
 
@@ -41,8 +52,9 @@ def decode(engine, items: list[Claimed]) -> list[Outcome]:
         try:
             outcomes += decode_group(engine, group)
         except Exception as exc:  # noqa: BLE001 - isolate, then record the failure on the item
+            metrics.FAILURES.labels("item" if len(group) == 1 else "group").inc()
             if len(group) == 1:
-                log.warning("item %d failed: %r", group[0].id, exc)
+                log.warning("item %d failed: %r", group[0].id, exc, extra={"job_id": str(group[0].job_id)})
                 outcomes.append(Outcome(group[0].id, error=f"{exc.__class__.__name__}: {exc}"))
             else:
                 log.warning("a batch of %d failed (%r); decoding its items one by one", len(group), exc)
@@ -60,6 +72,7 @@ def decode_group(engine, group: list[Claimed]) -> list[Outcome]:
         verdicts, prompts = None, [item.prompt for item in group]
     spec = generate(engine, decoder, prompts, params, speculative=True)
     base = generate(engine, decoder, prompts, params, speculative=False) if group[0].baseline_sample else None
+    observe(spec, base)
     outcomes = []
     for i, item in enumerate(group):
         result, stats = spec[i]
@@ -85,6 +98,32 @@ def generate(engine, decoder, prompts: list[str], params: dict, speculative: boo
         out.append((r, {**r.stats, "finish_reason": r.finish_reason, "batch_items": len(prompts),
                         "time_share_s": share}))
     return out
+
+
+def observe(spec, base) -> None:
+    """Batch metrics of one decode group (speculative call, and its baseline if the group was in the sample)."""
+    stats = [s for _, s in spec]
+    wall = sum(s["time_share_s"] for s in stats)
+    tokens = sum(s.get("new_tokens", 0) for s in stats)
+    forwards = sum(s.get("target_forwards", 0) for s in stats)
+    metrics.BATCH_SIZE.observe(len(spec))
+    metrics.BATCH_SECONDS.observe(wall)
+    metrics.TOKENS.inc(tokens)
+    if wall > 0:
+        metrics.TOKENS_PER_S.observe(tokens / wall)
+    for s in stats:
+        if s.get("rounds"):
+            metrics.ACCEPT_LENGTH.observe(s["accept_length"])
+    base_wall = sum(s["time_share_s"] for _, s in base) if base else 0.0
+    base_tokens = sum(s.get("new_tokens", 0) for _, s in base) if base else 0
+    if base and wall > 0 and base_wall > 0 and base_tokens > 0:
+        kind, speedup = "measured", (tokens / wall) / (base_tokens / base_wall)
+    elif forwards:
+        kind, speedup = "estimated", tokens / forwards
+    else:
+        return
+    metrics.SPEEDUP.labels(kind).observe(speedup)
+    metrics.LAST_SPEEDUP.labels(kind).set(speedup)
 
 
 def label_of(decoder, text: str) -> dict:

@@ -11,9 +11,12 @@ from celery_batches.trace import apply_batches_task
 from jobs.config import get_settings
 from jobs.db import get_engine as get_db_engine
 from jobs.db import session_factory
-from jobs.queue import BROKER_ERRORS, DECODE_TASK, REQUEUE_TASK, celery_app, enqueue_unsent
+from jobs import schedules
+from jobs.queue import BROKER_ERRORS, DECODE_TASK, DISPATCH_TASK, REQUEUE_TASK, celery_app, enqueue_unsent
 
-from . import processing
+from jobs.logs import configure_logging
+
+from . import metrics, processing
 from .engine import get_engine
 
 log = logging.getLogger(__name__)
@@ -21,16 +24,25 @@ settings = get_settings()
 Session = session_factory(settings.database_url)
 
 
+@signals.setup_logging.connect  # JSON logs (jobs/logs.py) instead of Celery's own format
+def _setup_logging(loglevel=None, **_):
+    configure_logging(level=loglevel or None)
+
+
 @signals.worker_process_init.connect  # prefork: in each child, after the fork
 def _load_in_child(**_):
     get_db_engine(settings.database_url).dispose(close=False)  # never share the parent's connections
     get_engine()
+    if settings.worker_metrics_port:  # the child decodes, so it serves the metrics (worker/metrics.py)
+        metrics.start_server(settings.worker_metrics_port)
 
 
 @signals.worker_init.connect  # solo/threads pools: in the worker process itself (prefork: never in the parent)
 def _load_in_worker(sender=None, **_):
     if "prefork" not in str(getattr(sender, "pool_cls", "prefork")):
         get_engine()
+        if settings.worker_metrics_port:
+            metrics.start_server(settings.worker_metrics_port)
 
 
 class DecodeBatches(Batches):
@@ -72,7 +84,8 @@ def decode_items(requests):
     except Exception:
         # celery-batches acks the messages even when this raises; put the items back on the queue (claiming caps
         # the attempts) and re-raise so the failure is logged.
-        log.exception("batch of %d items failed; re-sending them in 5 s", len(item_ids))
+        metrics.FAILURES.labels("batch").inc()
+        log.exception("batch of %d items failed; re-sending them in 5 s", len(item_ids), extra={"items": item_ids})
         for item_id in item_ids:
             celery_app.send_task(DECODE_TASK, args=[item_id], queue=settings.queue, countdown=5)
         raise
@@ -91,3 +104,11 @@ def requeue_unsent():
     if sent:
         log.info("re-sent %d items that had not reached the broker", sent)
     return sent
+
+
+@celery_app.task(name=DISPATCH_TASK, acks_late=False)
+def dispatch_schedules():
+    """Beat, every minute: create the jobs of the schedules that are due (once per due time; jobs/schedules.py)."""
+    runs = schedules.dispatch(Session, celery_app, settings)
+    return [{"schedule_id": str(r.schedule_id), "due_at": r.due_at.isoformat(),
+             "job_id": str(r.job_id) if r.job_id else None, "error": r.error} for r in runs]
