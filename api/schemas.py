@@ -2,15 +2,28 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from jobs.models import JOB_STATUSES, JOB_TYPES
 
 JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
 JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]
 ItemStatus = Literal["completed", "failed", "cancelled"]
+
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (U+0000) characters")
+    return value
+
+
+# A string Postgres can store: text and JSONB cannot hold NUL.
+Text = Annotated[str, AfterValidator(_no_nul)]
+# Item positions (items.idx) are 32-bit integers in Postgres.
+INT32_MAX = 2**31 - 1
 
 # Job-level defaults; an item may override any of them.
 DEFAULT_PARAMS = {"max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
@@ -39,10 +52,10 @@ class JobParams(DecodeOverrides):
 
 
 class ItemIn(DecodeOverrides):
-    custom_id: str | None = Field(None, min_length=1, max_length=256,
+    custom_id: Text | None = Field(None, min_length=1, max_length=256,
                                   description="Your id, echoed in the results; unique within the job. "
                                               "Default: the item's position.")
-    prompt: str = Field(min_length=1, description="generation: the user message; review: the text to judge.")
+    prompt: Text = Field(min_length=1, description="generation: the user message; review: the text to judge.")
 
 
 class JobCreate(Strict):
@@ -60,6 +73,8 @@ class JobCreate(Strict):
         for key, item in value.items():
             if len(key) > 64 or len(item) > 512:
                 raise ValueError(f"key {key[:64]!r}: keys are at most 64 characters, values 512")
+            if "\x00" in key or "\x00" in item:
+                raise ValueError(f"key {key[:64]!r}: keys and values must not contain NUL (U+0000) characters")
         return value
 
 
@@ -72,7 +87,7 @@ class JobOptions(Strict):
 
 
 class GenerateRequest(DecodeOverrides):
-    prompt: str = Field(min_length=1)
+    prompt: Text = Field(min_length=1)
 
 
 class ListJobsQuery(Strict):
@@ -93,7 +108,7 @@ class ListJobsQuery(Strict):
 class ResultsQuery(Strict):
     format: Literal["json", "jsonl"] = "json"
     limit: int = Field(100, ge=1, le=1000)
-    after: int | None = Field(None, ge=-1, description="`next_cursor` of the previous page.")
+    after: int | None = Field(None, ge=-1, le=INT32_MAX, description="`next_cursor` of the previous page.")
 
 
 # ------------------------------------------------------------------------------------------------- responses
