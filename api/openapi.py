@@ -62,12 +62,12 @@ def spec() -> dict:
                                        query("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
                                        query("after", {"type": "string"}, "next_cursor of the previous page")],
                         "responses": {"200": {"description": "A page of jobs", **body("JobList")},
-                                      **problems(422)}},
+                                      **problems(422, 503)}},
             },
             "/v1/jobs/{job_id}": {"get": {
                 "summary": "Job status, counts, timestamps and speedup stats", "operationId": "getJob",
                 "parameters": [JOB_ID], "responses": {"200": {"description": "The job", **body("JobOut")},
-                                                      **problems(404)}}},
+                                                      **problems(404, 503)}}},
             "/v1/jobs/{job_id}/results": {"get": {
                 "summary": "Finished items in input order (paginated JSON, or JSONL stream)",
                 "operationId": "getResults",
@@ -76,11 +76,11 @@ def spec() -> dict:
                                query("after", {"type": "integer"}, "next_cursor of the previous page")],
                 "responses": {"200": {"description": "Results", "content": {
                     "application/json": {"schema": ref("ResultList")},
-                    "application/x-ndjson": {"schema": ref("ResultOut")}}}, **problems(404, 422)}}},
+                    "application/x-ndjson": {"schema": ref("ResultOut")}}}, **problems(404, 422, 503)}}},
             "/v1/jobs/{job_id}/cancel": {"post": {
                 "summary": "Cancel: queued items do not run, running ones finish", "operationId": "cancelJob",
                 "parameters": [JOB_ID], "responses": {"200": {"description": "The job", **body("JobOut")},
-                                                      **problems(404, 409)}}},
+                                                      **problems(404, 409, 503)}}},
             "/generate": {"post": {
                 "summary": "Generate for one prompt synchronously (through the queue, top priority)",
                 "operationId": "generate", "requestBody": {"required": True, **body("GenerateRequest")},

@@ -163,3 +163,13 @@ def test_the_context_bound_is_the_decoders(client):
 def test_long_prompt_still_names_the_context(client):
     assert_problem(client.post("/v1/jobs", json={"items": [{"prompt": LONG_PROMPT}]}), 422, "items[0].prompt",
                    "exceeds the model's context")
+
+
+def test_the_database_down_is_503_not_500(database):
+    from api import create_app
+
+    down = create_app({"database_url": "postgresql+psycopg://root@127.0.0.1:1/nothing"}).test_client()
+    for response in (down.get("/v1/jobs"), down.get("/v1/jobs/00000000-0000-0000-0000-000000000000"),
+                     down.post("/v1/jobs", json={"items": [{"prompt": "hi"}]})):
+        assert_problem(response, 503)
+        assert response.headers["Retry-After"] == "5"
