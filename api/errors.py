@@ -6,6 +6,7 @@ import logging
 
 from flask import Flask, jsonify, request
 from pydantic import ValidationError
+from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,14 @@ def register(app: Flask) -> None:
         response = problem(exc.code or 500, exc.name, exc.description)
         if exc.code == 405 and exc.valid_methods:
             response.headers["Allow"] = ", ".join(exc.valid_methods)
+        return response
+
+    @app.errorhandler(sa_exc.OperationalError)
+    @app.errorhandler(sa_exc.InterfaceError)
+    def _database_down(exc: Exception):
+        log.warning("database unavailable on %s %s: %s", request.method, request.path, exc.__class__.__name__)
+        response = problem(503, "Database unavailable", "the database cannot be reached; retry later")
+        response.headers["Retry-After"] = "5"
         return response
 
     @app.errorhandler(Exception)

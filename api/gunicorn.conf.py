@@ -24,3 +24,10 @@ def child_exit(server, worker):
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+def post_worker_init(worker):
+    """Load the target's tokenizer (to count prompt tokens) before the first request, not during it."""
+    from jobs.limits import target
+    from jobs.config import get_settings
+
+    target(get_settings().target)

@@ -69,12 +69,12 @@ def spec() -> dict:
                                        query("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
                                        query("after", {"type": "string"}, "next_cursor of the previous page")],
                         "responses": {"200": {"description": "A page of jobs", **body("JobList")},
-                                      **problems(422)}},
+                                      **problems(422, 503)}},
             },
             "/v1/jobs/{job_id}": {"get": {
                 "summary": "Job status, counts, timestamps and speedup stats", "operationId": "getJob",
                 "parameters": [JOB_ID], "responses": {"200": {"description": "The job", **body("JobOut")},
-                                                      **problems(404)}}},
+                                                      **problems(404, 503)}}},
             "/v1/jobs/{job_id}/results": {"get": {
                 "summary": "Finished items in input order (paginated JSON, or JSONL stream)",
                 "operationId": "getResults",
@@ -83,11 +83,11 @@ def spec() -> dict:
                                query("after", {"type": "integer"}, "next_cursor of the previous page")],
                 "responses": {"200": {"description": "Results", "content": {
                     "application/json": {"schema": ref("ResultList")},
-                    "application/x-ndjson": {"schema": ref("ResultOut")}}}, **problems(404, 422)}}},
+                    "application/x-ndjson": {"schema": ref("ResultOut")}}}, **problems(404, 422, 503)}}},
             "/v1/jobs/{job_id}/cancel": {"post": {
                 "summary": "Cancel: queued items do not run, running ones finish", "operationId": "cancelJob",
                 "parameters": [JOB_ID], "responses": {"200": {"description": "The job", **body("JobOut")},
-                                                      **problems(404, 409)}}},
+                                                      **problems(404, 409, 503)}}},
             "/generate": {"post": {
                 "summary": "Generate for one prompt synchronously (through the queue, top priority)",
                 "operationId": "generate", "requestBody": {"required": True, **body("GenerateRequest")},
@@ -97,20 +97,20 @@ def spec() -> dict:
                 "post": {"summary": "Create a scheduled job (cron, timezone, job template, item source)",
                          "operationId": "createSchedule",
                          "requestBody": {"required": True, **body("ScheduleCreate")},
-                         "responses": {"201": SCHEDULE, **problems(400, 413, 415, 422)}},
+                         "responses": {"201": SCHEDULE, **problems(400, 413, 415, 422, 503)}},
                 "get": {"summary": "List the key's schedules", "operationId": "listSchedules",
                         "responses": {"200": {"description": "Schedules", "content": {
-                            "application/json": {"schema": {"type": "object"}}}}}},
+                            "application/json": {"schema": {"type": "object"}}}}, **problems(503)}},
             },
             "/v1/schedules/{schedule_id}": {
                 "get": {"summary": "A schedule and its recent runs", "operationId": "getSchedule",
-                        "parameters": [SCHEDULE_ID], "responses": {"200": SCHEDULE, **problems(404)}},
+                        "parameters": [SCHEDULE_ID], "responses": {"200": SCHEDULE, **problems(404, 503)}},
                 "patch": {"summary": "Change a schedule", "operationId": "updateSchedule",
                           "parameters": [SCHEDULE_ID], "requestBody": {"required": True, **body("ScheduleUpdate")},
-                          "responses": {"200": SCHEDULE, **problems(400, 404, 415, 422)}},
+                          "responses": {"200": SCHEDULE, **problems(400, 404, 415, 422, 503)}},
                 "delete": {"summary": "Delete a schedule (its jobs stay)", "operationId": "deleteSchedule",
                            "parameters": [SCHEDULE_ID],
-                           "responses": {"204": {"description": "Deleted"}, **problems(404)}},
+                           "responses": {"204": {"description": "Deleted"}, **problems(404, 503)}},
             },
             "/health": {"get": {
                 "summary": "Database, broker and a worker on the batch queue", "operationId": "health", **OPEN,
@@ -127,7 +127,8 @@ def spec() -> dict:
                                 "operationId": "login", **OPEN, "requestBody": {"required": True, "content": {
                                     "application/x-www-form-urlencoded": {"schema": {
                                         "type": "object", "properties": {"key": {"type": "string"}}}}}},
-                                "responses": {"303": {"description": "Signed in: to /"}, "400": HTML, "401": HTML}}},
+                                "responses": {"200": HTML, "303": {"description": "Signed in: to /"}, "400": HTML,
+                                              "401": HTML}}},
             "/logout": {"post": {"summary": "Status page sign-out", "operationId": "logout", **OPEN,
                                  "responses": {"303": {"description": "Signed out: to /"}}}},
             "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi", **OPEN,

@@ -9,14 +9,14 @@ from pydantic import BaseModel, Field, field_validator
 from jobs.models import JOB_STATUSES
 # The submission models live in jobs/ (the scheduler validates with them too); re-exported for the views and spec.
 from jobs.spec import (DEFAULT_PARAMS, DecodeOverrides, ItemIn, JobCreate, JobOptions, JobParams,  # noqa: F401
-                       JobType, ScheduleCreate, ScheduleUpdate, Strict)
+                       INT32_MAX, JobType, ScheduleCreate, ScheduleUpdate, Strict, Text)
 
 JobStatus = Literal[JOB_STATUSES]  # type: ignore[valid-type]
 ItemStatus = Literal["completed", "failed", "cancelled"]
 
 
 class GenerateRequest(DecodeOverrides):
-    prompt: str = Field(min_length=1)
+    prompt: Text = Field(min_length=1)
 
 
 class ListJobsQuery(Strict):
@@ -37,7 +37,7 @@ class ListJobsQuery(Strict):
 class ResultsQuery(Strict):
     format: Literal["json", "jsonl"] = "json"
     limit: int = Field(100, ge=1, le=1000)
-    after: int | None = Field(None, ge=-1, description="`next_cursor` of the previous page.")
+    after: int | None = Field(None, ge=-1, le=INT32_MAX, description="`next_cursor` of the previous page.")
 
 
 # ------------------------------------------------------------------------------------------------- responses

@@ -37,11 +37,19 @@ def validate(model: type[BaseModel], data, prefix=(), lines=None):
         raise invalid(validation_errors(exc, prefix, lines)[:MAX_REPORTED_ERRORS]) from None
 
 
+def parse_json(raw):
+    """json.loads, with nesting too deep for the parser reported as invalid JSON (ValueError), not RecursionError."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def json_body():
     if request.mimetype != "application/json":
         raise ApiError(415, "Unsupported Media Type", "send Content-Type: application/json")
     try:
-        return json.loads(request.get_data())
+        return parse_json(request.get_data())
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid([{"field": "body", "message": f"not valid JSON: {exc}", "type": "json_invalid"}], 400,
                       "Malformed JSON") from None
@@ -67,7 +75,7 @@ def read_submission() -> JobCreate:
         raise invalid([{"field": "file", "message": "a JSONL file part named 'file' is required",
                         "type": "missing"}])
     try:
-        options = json.loads(request.form.get("job", "{}"))
+        options = parse_json(request.form.get("job", "{}"))
     except ValueError as exc:
         raise invalid([{"field": "job", "message": f"not valid JSON: {exc}", "type": "json_invalid"}], 400,
                       "Malformed JSON") from None
@@ -79,7 +87,7 @@ def read_submission() -> JobCreate:
         if len(items) == max_items:
             raise too_many(max_items + 1)
         try:
-            items.append(json.loads(raw))
+            items.append(parse_json(raw))
         except (ValueError, UnicodeDecodeError) as exc:
             raise invalid([{"field": "file", "line": number, "message": f"not valid JSON: {exc}",
                             "type": "json_invalid"}], 400, "Malformed JSONL") from None

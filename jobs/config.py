@@ -35,6 +35,14 @@ class Settings:
     max_items_per_job: int = field(default_factory=lambda: _env("MAX_ITEMS_PER_JOB", 50_000, int))
     max_request_bytes: int = field(default_factory=lambda: _env("MAX_REQUEST_BYTES", 100 * 1024 * 1024, int))
     max_new_tokens_limit: int = field(default_factory=lambda: _env("MAX_NEW_TOKENS_LIMIT", 1024, int))
+    # Reconciler (beat, every RECONCILE_INTERVAL_S): an item `queued` in Postgres for RECONCILE_AFTER_S since it was
+    # last sent, whose message is neither waiting in Redis nor delivered-unacked there, was lost (e.g. Redis restarted
+    # without persistence) and is sent again. See jobs/reconcile.py.
+    reconcile_interval_s: float = field(default_factory=lambda: _env("RECONCILE_INTERVAL_S", 60.0, float))
+    reconcile_after_s: float = field(default_factory=lambda: _env("RECONCILE_AFTER_S", 60.0, float))
+    # A worker retries writing a decoded batch's results this long while Postgres is unreachable, before it hands the
+    # items back to the queue (with a growing delay) instead.
+    db_retry_s: float = field(default_factory=lambda: _env("DB_RETRY_S", 60.0, float))
     # POST /generate waits this long for its item before answering 504 with the job id.
     generate_timeout_s: float = field(default_factory=lambda: _env("GENERATE_TIMEOUT_S", 60.0, float))
 

@@ -5,6 +5,8 @@ same app. A message carries an item id and nothing else: everything else is read
 """
 from __future__ import annotations
 
+import base64
+import json
 from datetime import timedelta
 
 import kombu.exceptions
@@ -20,6 +22,7 @@ from .models import Item, Job
 DECODE_TASK = "worker.decode_items"
 REQUEUE_TASK = "worker.requeue_unsent"
 DISPATCH_TASK = "worker.dispatch_schedules"
+RECONCILE_TASK = "worker.reconcile"
 MAX_PRIORITY = 9  # API priority 0..9, 9 most urgent
 
 
@@ -31,7 +34,8 @@ def make_celery(settings: Settings) -> Celery:
         task_ignore_result=True,  # results go to Postgres; there is no result backend
         task_default_queue=settings.queue,
         task_routes={DECODE_TASK: {"queue": settings.queue}, REQUEUE_TASK: {"queue": settings.queue + ".maint"},
-                     DISPATCH_TASK: {"queue": settings.queue + ".maint"}},
+                     DISPATCH_TASK: {"queue": settings.queue + ".maint"},
+                     RECONCILE_TASK: {"queue": settings.queue + ".maint"}},
         # Redeliver the messages of a batch whose worker died; writes are idempotent (see worker/processing.py).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -59,6 +63,8 @@ def make_celery(settings: Settings) -> Celery:
             "dispatch-schedules": {"task": DISPATCH_TASK, "schedule": 60.0, "options": {"expires": 60}},
         },
     )
+    # Re-send items whose messages Redis lost (jobs/reconcile.py).
+    app.conf.beat_schedule["reconcile"] = {"task": RECONCILE_TASK, "schedule": settings.reconcile_interval_s}
     return app
 
 
@@ -83,10 +89,55 @@ def enqueue_unsent(session: Session, celery: Celery, job_id=None, min_age_s: flo
     rows = session.execute(query.order_by(Item.id)).all()
     if not rows:
         return 0
+    send_items(celery, rows)
+    session.execute(update(Item).where(id_in(Item.id, [r.id for r in rows])).values(enqueued_at=func.now()))
+    return len(rows)
+
+
+def send_items(celery: Celery, rows) -> None:
+    """One "decode item N" message per (item_id, job priority) pair, on the batch queue."""
     queue = celery.conf.task_default_queue
     with celery.producer_or_acquire() as producer:
         for item_id, priority in rows:
             celery.send_task(DECODE_TASK, args=[item_id], queue=queue, producer=producer,
                              priority=MAX_PRIORITY - priority)  # Redis serves low numbers first
-    session.execute(update(Item).where(id_in(Item.id, [r.id for r in rows])).values(enqueued_at=func.now()))
-    return len(rows)
+
+
+def _item_of(message: dict) -> int | None:
+    """The item id a raw kombu message (as Redis stores it) carries, if it is a decode message."""
+    try:
+        if message.get("headers", {}).get("task") != DECODE_TASK:
+            return None
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        return int(args[0])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def items_in_broker(celery: Celery) -> set[int]:
+    """The item ids that Redis holds decode messages for on the batch queue: waiting in one of its priority lists, or
+    delivered to a worker and not yet acked (kombu's `unacked` hash, which also holds what workers have prefetched
+    and the delayed re-sends they hold). One MULTI/EXEC, so the lists and the hash are read at the same instant.
+
+    Reads kombu's Redis layout (list per priority step, `unacked` hash of [message, exchange, routing_key]); cost is
+    linear in the messages held, which a beat task once a minute can afford."""
+    queue = celery.conf.task_default_queue
+    with celery.connection_for_read() as connection:
+        channel = connection.default_channel
+        if not hasattr(channel, "unacked_key"):
+            raise NotImplementedError(f"items_in_broker reads Redis only, not {connection.transport_cls}")
+        lists = sorted({channel._q_for_pri(queue, step) for step in channel.priority_steps})
+        pipe = channel.client.pipeline(transaction=True)
+        for name in lists:
+            pipe.lrange(name, 0, -1)
+        pipe.hvals(channel.unacked_key)
+        *waiting, unacked = pipe.execute()
+    messages = [json.loads(raw) for chunk in waiting for raw in chunk]
+    for raw in unacked:
+        message, _exchange, routing_key = json.loads(raw)
+        if routing_key == queue:
+            messages.append(message)
+    return {item for item in map(_item_of, messages) if item is not None}

@@ -2,13 +2,25 @@
 generates the OpenAPI spec from them) and the scheduler (which validates schedule templates and input files)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from .models import JOB_TYPES
 
 JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (U+0000) characters")
+    return value
+
+
+# A string Postgres can store: text and JSONB cannot hold NUL.
+Text = Annotated[str, AfterValidator(_no_nul)]
+# Item positions (items.idx) are 32-bit integers in Postgres.
+INT32_MAX = 2**31 - 1
 
 # Job-level defaults; an item may override any of them.
 DEFAULT_PARAMS = {"max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
@@ -37,10 +49,10 @@ class JobParams(DecodeOverrides):
 
 
 class ItemIn(DecodeOverrides):
-    custom_id: str | None = Field(None, min_length=1, max_length=256,
+    custom_id: Text | None = Field(None, min_length=1, max_length=256,
                                   description="Your id, echoed in the results; unique within the job. "
                                               "Default: the item's position.")
-    prompt: str = Field(min_length=1, description="generation: the user message; review: the text to judge.")
+    prompt: Text = Field(min_length=1, description="generation: the user message; review: the text to judge.")
 
 
 class JobCreate(Strict):
@@ -58,6 +70,8 @@ class JobCreate(Strict):
         for key, item in value.items():
             if len(key) > 64 or len(item) > 512:
                 raise ValueError(f"key {key[:64]!r}: keys are at most 64 characters, values 512")
+            if "\x00" in key or "\x00" in item:
+                raise ValueError(f"key {key[:64]!r}: keys and values must not contain NUL (U+0000) characters")
         return value
 
 

@@ -167,11 +167,28 @@ def session_key() -> str:
     return _session_key[0]
 
 
+_app_keys: dict[str, str] = {}
+
+
+def app_key(app) -> str:
+    """The session key when `app` uses the session database, else a key created once in the app's own (private)
+    database."""
+    url = app.extensions["jobs"].settings.database_url
+    if url == os.environ["DATABASE_URL"]:
+        return session_key()
+    if url not in _app_keys:
+        from jobs import keys
+
+        with app.extensions["jobs"].Session.begin() as session:
+            _app_keys[url] = keys.create_key(session, f"private-{RUN_ID}")[1]
+    return _app_keys[url]
+
+
 def client_for(app, key: str | None = "session"):
-    """A test client of `app` that sends `Authorization: Bearer <key>` on every request (the session key by
-    default; None: no header). A request's own Authorization header still wins."""
+    """A test client of `app` that sends `Authorization: Bearer <key>` on every request (the session key, or a key
+    of the app's private database, by default; None: no header). A request's own Authorization header still wins."""
     test_client = app.test_client()
-    key = session_key() if key == "session" else key
+    key = app_key(app) if key == "session" else key
     if key is not None:
         test_client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
     return test_client

@@ -4,10 +4,10 @@ import time
 
 import psutil
 from conftest import submit, wait_for
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from jobs.db import session_factory
-from jobs.models import Item
+from jobs.models import Item, ItemResult
 
 
 def test_sigkill_of_the_pool_child_mid_batch_redelivers(client, worker, database):
@@ -28,7 +28,15 @@ def test_sigkill_of_the_pool_child_mid_batch_redelivers(client, worker, database
     children[0].send_signal(signal.SIGKILL)
 
     job = wait_for(client, created["id"], timeout=90)
-    assert job["status"] == "completed" and job["item_counts"]["completed"] == 2
+    assert job["status"] == "completed"
+    assert job["item_counts"] == {"total": 2, "completed": 2, "failed": 0, "cancelled": 0}
     with Session() as session:
         assert session.scalars(select(Item.attempts).where(Item.job_id == created["id"])).all() == [2, 2]
-    assert client.get(f"/v1/jobs/{created['id']}/results").get_json()["data"][1]["output"]["token_ids"]
+        per_item = session.execute(select(Item.id, func.count(ItemResult.item_id)).outerjoin(ItemResult)
+                                   .where(Item.job_id == created["id"]).group_by(Item.id)).all()
+    assert len(per_item) == 2 and all(n == 1 for _, n in per_item)  # none lost, none duplicated
+    results = client.get(f"/v1/jobs/{created['id']}/results").get_json()["data"]
+    assert [r["status"] for r in results] == ["completed", "completed"]
+    assert all(r["output"]["token_ids"] for r in results)
+    new_children = psutil.Process(worker.proc.pid).children()  # a new pool child did the work
+    assert len(new_children) == 1 and new_children[0].pid != children[0].pid

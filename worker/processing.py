@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections import defaultdict
+
+from sqlalchemy import exc as sa_exc
 
 from jobs import lifecycle, review
 from jobs.lifecycle import Claimed, Outcome
@@ -18,18 +21,20 @@ from . import metrics
 
 log = logging.getLogger(__name__)
 LABELS = list(review.LABELS)
+# What SQLAlchemy raises when Postgres cannot be reached or the connection dropped (as opposed to a bad statement).
+DB_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError)
 
 
-def process(Session, engine, item_ids: list[int], max_attempts: int) -> int:
-    """Returns the number of results written."""
+def process(Session, engine, item_ids: list[int], max_attempts: int, db_retry_s: float = 0.0) -> int:
+    """Returns the number of results written. Raises when Postgres is unreachable at the claim, or still
+    unreachable `db_retry_s` after the batch was decoded (the caller hands the items back to the queue)."""
     with Session.begin() as session:
         claimed, gave_up = lifecycle.claim(session, sorted(set(item_ids)), max_attempts)
         written = lifecycle.record(session, gave_up)
     if claimed:
         job_ids = sorted({str(c.job_id) for c in claimed})
         outcomes = decode(engine, claimed)
-        with Session.begin() as session:
-            written += lifecycle.record(session, outcomes)
+        written += write_results(Session, outcomes, db_retry_s)
         type_of = {c.id: c.job_type for c in claimed}
         for outcome in outcomes:
             metrics.ITEMS.labels(type_of[outcome.item_id], "failed" if outcome.error else "completed").inc()
@@ -39,6 +44,37 @@ def process(Session, engine, item_ids: list[int], max_attempts: int) -> int:
     for outcome in gave_up:
         metrics.ITEMS.labels("unknown", "failed").inc()
     return written
+
+
+def write_results(Session, outcomes: list[Outcome], retry_s: float) -> int:
+    """lifecycle.record in its own transaction. While Postgres is unreachable, retry with a doubling pause (0.5 s up
+    to 8 s) for up to `retry_s`, so a short outage costs no decoding work. Writing is idempotent (one result row per
+    item), so a commit whose acknowledgement was lost is harmless to repeat.
+
+    A batch whose write fails for another reason (a value Postgres rejects) is written item by item, and an item that
+    still cannot be stored gets an error result instead: one bad result never takes its batch down with it."""
+    deadline, pause = time.monotonic() + retry_s, 0.5
+    while True:
+        try:
+            with Session.begin() as session:
+                return lifecycle.record(session, outcomes)
+        except DB_UNAVAILABLE as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("database unavailable (%s); retrying the write of %d results in %.1f s",
+                        exc.__class__.__name__, len(outcomes), pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 8.0)
+        except sa_exc.DBAPIError as exc:
+            if len(outcomes) > 1:
+                log.warning("writing %d results failed (%s); writing them one by one", len(outcomes),
+                            exc.__class__.__name__)
+                return sum(write_results(Session, [o], max(0.0, deadline - time.monotonic())) for o in outcomes)
+            if outcomes[0].error is not None:
+                raise
+            log.warning("the result of item %d cannot be stored: %s", outcomes[0].item_id, exc.orig)
+            message = f"the result could not be stored: {exc.orig.__class__.__name__}: {exc.orig}"[:2000]
+            return write_results(Session, [Outcome(outcomes[0].item_id, error=message)], 0.0)
 
 
 def decode(engine, items: list[Claimed]) -> list[Outcome]:
@@ -77,9 +113,9 @@ def decode_group(engine, group: list[Claimed]) -> list[Outcome]:
     for i, item in enumerate(group):
         result, stats = spec[i]
         if verdicts is None:
-            output = {"text": result.text, "token_ids": result.token_ids}
+            output = {"text": storable(result.text), "token_ids": result.token_ids}
         else:
-            output = {**verdicts[i], "rationale": result.text}
+            output = {**verdicts[i], "rationale": storable(result.text)}
         outcomes.append(Outcome(item.id, output=output, stats=stats, baseline_stats=base[i][1] if base else None))
     return outcomes
 
@@ -134,3 +170,8 @@ def label_of(decoder, text: str) -> dict:
     probs = [w / sum(weights) for w in weights]
     best = max(range(len(LABELS)), key=probs.__getitem__)
     return {"label": LABELS[best], "score": probs[best], "label_scores": dict(zip(LABELS, probs))}
+
+
+def storable(text: str) -> str:
+    """Postgres text and JSONB cannot hold NUL; a model may still emit it (U+FFFD instead; token_ids keep the truth)."""
+    return text.replace("\x00", "\ufffd")

@@ -12,7 +12,10 @@ from jobs.config import get_settings
 from jobs.db import get_engine as get_db_engine
 from jobs.db import session_factory
 from jobs import schedules
-from jobs.queue import BROKER_ERRORS, DECODE_TASK, DISPATCH_TASK, REQUEUE_TASK, celery_app, enqueue_unsent
+from jobs.queue import (BROKER_ERRORS, DECODE_TASK, DISPATCH_TASK, RECONCILE_TASK, REQUEUE_TASK, celery_app,
+                        enqueue_unsent)
+from jobs.reconcile import reconcile as reconcile_items
+from jobs.reconcile import running_cutoff_s
 
 from jobs.logs import configure_logging
 
@@ -22,6 +25,9 @@ from .engine import get_engine
 log = logging.getLogger(__name__)
 settings = get_settings()
 Session = session_factory(settings.database_url)
+# A batch that failed as a whole (Postgres unreachable) is handed back with a delay of 5 s, 10 s, 20 s ... 300 s,
+# counted per item in the message's `resends` kwarg, so an outage costs a few log lines a minute, not a busy loop.
+RESEND_DELAY_S, RESEND_MAX_DELAY_S = 5.0, 300.0
 
 
 @signals.setup_logging.connect  # JSON logs (jobs/logs.py) instead of Celery's own format
@@ -77,19 +83,39 @@ class DecodeBatches(Batches):
                  flush_interval=settings.flush_interval, acks_late=True,
                  soft_time_limit=settings.batch_time_limit, time_limit=settings.batch_time_limit + 60)
 def decode_items(requests):
-    """requests: celery-batches SimpleRequests, each with args=[item_id]."""
+    """requests: celery-batches SimpleRequests, each with args=[item_id] (and kwargs={"resends": n} once handed
+    back)."""
     item_ids = [request.args[0] for request in requests]
     try:
-        written = processing.process(Session, get_engine(), item_ids, settings.max_attempts)
+        written = processing.process(Session, get_engine(), item_ids, settings.max_attempts,
+                                     db_retry_s=settings.db_retry_s)
     except Exception:
         # celery-batches acks the messages even when this raises; put the items back on the queue (claiming caps
         # the attempts) and re-raise so the failure is logged.
         metrics.FAILURES.labels("batch").inc()
-        log.exception("batch of %d items failed; re-sending them in 5 s", len(item_ids), extra={"items": item_ids})
-        for item_id in item_ids:
-            celery_app.send_task(DECODE_TASK, args=[item_id], queue=settings.queue, countdown=5)
+        delay = hand_back(requests)
+        log.exception("batch of %d items failed; re-sent them with a delay of %.0f s", len(item_ids), delay,
+                      extra={"items": item_ids})
         raise
     log.info("batch of %d messages: %d results written", len(item_ids), written)
+
+
+def hand_back(requests) -> float:
+    """Re-send each request's item with a delay that doubles with every hand-back. If Redis is down too, the items
+    stay queued/running in Postgres and the reconciler re-sends them later. Returns the longest delay used."""
+    longest = 0.0
+    for request in requests:
+        resends = int((request.kwargs or {}).get("resends", 0))
+        delay = min(RESEND_DELAY_S * 2 ** resends, RESEND_MAX_DELAY_S)
+        longest = max(longest, delay)
+        priority = (request.delivery_info or {}).get("priority")
+        try:
+            celery_app.send_task(DECODE_TASK, args=[request.args[0]], kwargs={"resends": resends + 1},
+                                 queue=settings.queue, countdown=delay, priority=priority)
+        except BROKER_ERRORS:
+            log.warning("broker unavailable: %d items stay in Postgres for the reconciler", len(requests))
+            break
+    return longest
 
 
 @celery_app.task(name=REQUEUE_TASK, acks_late=False)
@@ -112,3 +138,17 @@ def dispatch_schedules():
     runs = schedules.dispatch(Session, celery_app, settings)
     return [{"schedule_id": str(r.schedule_id), "due_at": r.due_at.isoformat(),
              "job_id": str(r.job_id) if r.job_id else None, "error": r.error} for r in runs]
+
+
+@celery_app.task(name=RECONCILE_TASK, acks_late=False)
+def reconcile():
+    """Beat, every RECONCILE_INTERVAL_S: re-send items that are queued in Postgres but that Redis no longer holds
+    (it restarted without persistence), and items a lost worker left running (jobs/reconcile.py)."""
+    try:
+        report = reconcile_items(Session, celery_app, after_s=settings.reconcile_after_s,
+                                 running_after_s=running_cutoff_s(settings.batch_time_limit,
+                                                                  settings.reconcile_after_s))
+    except BROKER_ERRORS:
+        log.warning("reconciler: broker unavailable; trying again at the next run")
+        return 0
+    return report.resent
