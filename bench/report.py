@@ -94,7 +94,7 @@ def main():
         log(f"batch {b}: warming up the adaptive decoders")
         for name, dec in decoders.items():
             if dec.policy:
-                for _ in range(3):
+                for _ in range(2):
                     dec.generate(warm[: max(b, 4) * 2], a.max_new_tokens, batch_size=b)
         log(f"batch {b}: vanilla")
         van = engine_run(fixed, prompts, a.max_new_tokens, b, speculative=False)
