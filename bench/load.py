@@ -138,17 +138,9 @@ class Services:
                     proc.kill()
                     proc.wait()
         try:
-            import redis
+            from jobs.queue import purge_redis
 
-            client = redis.Redis.from_url(self.env.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-            keys = list(client.scan_iter(match=f"*{self.run}*"))
-            if keys:
-                client.delete(*keys)
-            for binding in client.scan_iter(match="_kombu.binding*"):
-                if client.type(binding) == b"set":
-                    for member in client.smembers(binding):
-                        if self.run.encode() in member:
-                            client.srem(binding, member)
+            purge_redis(self.env.get("REDIS_URL", "redis://127.0.0.1:6379/0"), self.run)
         except Exception as exc:  # noqa: BLE001 - cleanup is best effort
             log(f"redis cleanup failed: {exc!r}")
         if not self.keep:

@@ -290,9 +290,10 @@ class SpeculativeDecoder:
                 pending_tok.append(nxt)
                 pending_feat.append(feats[:, 0])
                 root = nxt
-                totals["verify_time_s"] += time.perf_counter() - td
+                step_s = time.perf_counter() - td
+                totals["verify_time_s"] += step_s
                 totals["plain_steps"] += n
-                self.policy.observe(PLAIN, n, greedy, time.perf_counter() - td, 1.0)
+                self.policy.observe(PLAIN, n, greedy, step_s, 1.0)
                 nx = nxt.tolist()
                 for i, s in enumerate(rows.live):
                     rows.forwards[s] += 1

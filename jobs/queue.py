@@ -141,3 +141,20 @@ def items_in_broker(celery: Celery) -> set[int]:
         if routing_key == queue:
             messages.append(message)
     return {item for item in map(_item_of, messages) if item is not None}
+
+
+def purge_redis(redis_url: str, marker: str) -> None:
+    """Delete the queues and kombu bindings of a throwaway run: every Redis key and binding member naming `marker`
+    (tests and the load test name their queues after a run id)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"*{marker}*"))
+    if keys:
+        client.delete(*keys)
+    for binding in client.scan_iter(match="_kombu.binding*"):
+        if client.type(binding) == b"set":
+            for member in client.smembers(binding):
+                if marker.encode() in member:
+                    client.srem(binding, member)
+    client.close()

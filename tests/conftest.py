@@ -116,18 +116,9 @@ class WorkerProcess:
 
 def purge_redis(marker: str) -> None:
     """Delete this session's queues and kombu bindings: every Redis key and binding member naming `marker`."""
-    import redis
+    from jobs.queue import purge_redis as purge
 
-    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    keys = list(client.scan_iter(match=f"*{marker}*"))
-    if keys:
-        client.delete(*keys)
-    for binding in client.scan_iter(match="_kombu.binding*"):
-        if client.type(binding) == b"set":
-            for member in client.smembers(binding):
-                if marker.encode() in member:
-                    client.srem(binding, member)
-    client.close()
+    purge(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), marker)
 
 
 @pytest.fixture(scope="session")
