@@ -111,8 +111,10 @@ def test_a_redis_restart_loses_no_item(stack):
     try:
         worker.wait_ready()
         client = client_for(app)
-        jobs = [submit(client, {"items": [{"prompt": f"Restart {j}-{i}"} for i in range(8)],
-                                "params": {"max_new_tokens": 16}})["id"] for j in range(2)]
+        # 32 items: the worker holds at most 3 batches (the one decoding and 2 x batch_size prefetched), so even when
+        # the first batch is done before we look, some messages are still only in Redis when it restarts.
+        jobs = [submit(client, {"items": [{"prompt": f"Restart {j}-{i}"} for i in range(16)],
+                                "params": {"max_new_tokens": 200}})["id"] for j in range(2)]
         mine = Item.job_id.in_(jobs)
         deadline = time.monotonic() + 30
         while True:  # until the first batch is being decoded
@@ -145,14 +147,14 @@ def test_a_redis_restart_loses_no_item(stack):
         celery.send_task(RECONCILE_TASK, queue=queue + ".maint")  # what beat sends every RECONCILE_INTERVAL_S
         for job_id in jobs:
             job = wait_for(client, job_id, timeout=90)
-            assert job["status"] == "completed" and job["item_counts"]["completed"] == 8, job
+            assert job["status"] == "completed" and job["item_counts"]["completed"] == 16, job
         resent = re.search(r"reconciler: re-sent (\d+) queued", worker.tail(50_000))
         assert resent and int(resent.group(1)) >= lost  # (the first test's leftovers share this database)
         with Session() as session:
             per_item = session.execute(select(Item.id, func.count(ItemResult.item_id)).outerjoin(ItemResult)
                                        .where(mine).group_by(Item.id)).all()
-            assert len(per_item) == 16 and all(n == 1 for _, n in per_item)
-            assert session.scalar(select(func.sum(Job.completed_items)).where(Job.id.in_(jobs))) == 16
+            assert len(per_item) == 32 and all(n == 1 for _, n in per_item)
+            assert session.scalar(select(func.sum(Job.completed_items)).where(Job.id.in_(jobs))) == 32
             assert session.scalar(select(func.max(Item.attempts)).where(mine)) <= 3
         assert worker.proc.poll() is None
     finally:
