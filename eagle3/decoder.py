@@ -256,17 +256,9 @@ class SpeculativeDecoder:
     def _speculative_rounds(self, tokens, lens, feats, first, cache, causal, pos, rows, sampling, totals, t0):
         head, embed, dev = self.head, self.model.embed_tokens, tokens.device
         B = tokens.shape[0]
-        # Head prefill: pair i is (target features at i, token i+1); the last pair of each row takes the first
-        # generated token. Its output at the last pair drafts the first tree.
-        td = time.perf_counter()
-        htok = torch.cat([tokens[:, 1:], tokens[:, :1]], 1)
-        htok[torch.arange(B, device=dev), lens - 1] = first
         hcache = head.new_cache(B, cache.max_len + self.depth * self.k + self.depth + 2)
-        out = head(embed(htok), head.fc(feats), pos, hcache, causal)
-        hcache.lens.copy_(lens)
-        root_out = out[torch.arange(B, device=dev), lens - 1]
-        root = first
-        totals["draft_time_s"] += time.perf_counter() - td
+        prompt = (tokens, lens, feats, pos, causal, first)  # the head reads it before the first tree (if any)
+        root, root_out = first, None
         greedy = sampling["temperature"] == 0
         pending_tok, pending_feat = [], []  # plain steps the head has not read yet: (features of token, next token)
         while True:
@@ -277,11 +269,13 @@ class SpeculativeDecoder:
                 idx = torch.tensor(keep, device=dev)
                 cache.keep(idx)
                 hcache.keep(idx)
-                root, root_out = root[idx], root_out[idx]
+                root = root[idx]
+                root_out = root_out[idx] if root_out is not None else None
+                prompt = prompt and tuple(x[idx] for x in prompt)
                 pending_tok, pending_feat = [t[idx] for t in pending_tok], [f[idx] for f in pending_feat]
             n = len(root)
-            td = time.perf_counter()
             shape = self.policy.choose(n, greedy) if self.policy else (self.k, self.depth, self.total_tokens)
+            td = time.perf_counter()
             if shape is PLAIN:  # one ordinary step; the head catches up on it before the next tree
                 logits, feats = self.model(root[:, None], cache.lens[:, None], cache,
                                            torch.ones(n, 1, 1, dtype=torch.bool, device=dev))
@@ -301,9 +295,17 @@ class SpeculativeDecoder:
                     rows.accepted[s] += 1
                     rows.emit(s, [nx[i]])
                 continue
+            # The head's context: the prompt (once), then the plain steps since the last tree. A one-off cost of
+            # switching, so it counts as draft time but not in the tree's round time the policy measures.
+            if prompt:
+                root_out = self._head_prefill(hcache, *prompt)
+                prompt = None
             if pending_tok:
                 root_out = self._catch_up(hcache, torch.stack(pending_tok, 1), torch.stack(pending_feat, 1))
                 pending_tok, pending_feat = [], []
+            tc = time.perf_counter()
+            totals["draft_time_s"] += tc - td
+            td = tc
             tree = draft_tree(head, embed, root, root_out, hcache, *shape)
             tv = time.perf_counter()
             logits, feats = self.model(tree.tokens, cache.lens[:, None] + tree.depth, cache, tree.mask)
@@ -338,6 +340,16 @@ class SpeculativeDecoder:
                 rows.accepted[s] += ln[i]
                 totals["accept_hist"][ln[i] - 1] += 1  # rounds that emitted ln tokens
                 rows.emit(s, em[i][: ln[i]])
+
+    def _head_prefill(self, hcache, tokens, lens, feats, pos, causal, first):
+        """Run the head over the prompts: pair i is (target features at i, token i+1), and each row's last pair takes
+        the first generated token. Returns the head's output at that last pair, which drafts the first tree."""
+        B, dev = tokens.shape[0], tokens.device
+        htok = torch.cat([tokens[:, 1:], tokens[:, :1]], 1)
+        htok[torch.arange(B, device=dev), lens - 1] = first
+        out = self.head(self.model.embed_tokens(htok), self.head.fc(feats), pos, hcache, causal)
+        hcache.lens.copy_(lens)
+        return out[torch.arange(B, device=dev), lens - 1]
 
     def _catch_up(self, hcache, tok, feat):
         """Run the head over P pending (features, next token) pairs [n, P] after plain steps; returns its output at the

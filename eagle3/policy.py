@@ -7,10 +7,17 @@ the configured one) it keeps
   - tau: tokens emitted per row per round (moving average; shared by all batch sizes, since acceptance depends on
     the head and the text, not on the batch), per greedy/sampled mode, and
   - seconds per round, per batch-size bucket (1, 2, 3-4, 5-8, ... rows),
-and each round picks the candidate with the most expected tokens per second: tau / seconds. A candidate it has not
-measured yet in a bucket is tried first; every `explore_every` rounds the stalest one is re-measured, so a choice
-made on a noisy first sample is revisited. A plain step is tau = 1 by definition, so speculation is only used where
-it measured faster than not speculating."""
+and each round picks the candidate with the most expected tokens per second: tau / seconds. A plain step is tau = 1
+by definition, so speculation is only used where it measured faster than not speculating.
+
+Measuring costs: at batch 32 one 16-node tree round costs ~12 plain steps on a CPU, so the policy explores frugally:
+  - trees are measured cheapest first, and a larger one only once the smaller one came within `margin` of the best
+    so far (trees cost more per round the larger they are; if three nodes already lose clearly, sixteen do too);
+  - a tree that cannot win even if every draft were accepted (depth + 1 tokens per round) is never tried again in
+    that bucket;
+  - the stalest remaining candidate is re-measured after `explore_every` rounds, and the wait doubles (up to
+    `max_explore_every`) each time the best stays the same, so a settled bucket pays almost nothing.
+"""
 from dataclasses import dataclass, field
 
 PLAIN = None  # the "no tree" candidate: one ordinary decode step
@@ -42,10 +49,13 @@ class _Stat:
 class SpeculationPolicy:
     configured: tuple                   # the decoder's (parallel_degree, depth, total_tokens)
     alpha: float = 0.2                  # weight of the newest sample in the moving averages
-    explore_every: int = 64             # rounds per bucket between re-measurements of the stalest candidate
+    explore_every: int = 64             # rounds per bucket before the first re-measurement
+    max_explore_every: int = 2048       # ... doubling up to this while the best stays the same
+    margin: float = 0.9                 # try the next larger tree if this one reached margin x the best rate
     tau: dict = field(default_factory=dict)      # (shape, greedy) -> _Stat
     seconds: dict = field(default_factory=dict)  # (shape, bucket) -> _Stat
     rounds: dict = field(default_factory=dict)   # bucket -> rounds decided
+    explore: dict = field(default_factory=dict)  # bucket -> [round of the next re-measurement, wait, best then]
 
     @property
     def candidates(self):
@@ -53,16 +63,42 @@ class SpeculationPolicy:
         small = [s for s in SMALL_SHAPES if s[0] <= k and s[1] <= d and s[2] <= n]
         return [PLAIN, *dict.fromkeys(small + [self.configured])]
 
+    def _measured(self, c, b):
+        return self.seconds.get((c, b), _Stat()).n >= 2  # two samples after the discarded first one
+
+    def live(self, b: int, greedy: bool) -> list:
+        """The candidates still worth measuring or using in bucket b, cheapest first; it ends at the first one not
+        yet measured."""
+        out = [PLAIN]
+        if not self._measured(PLAIN, b):
+            return out
+        plain = best = self.expected_rate(PLAIN, b, greedy)
+        for c in self.candidates[1:]:
+            if not self._measured(c, b):
+                return out + [c]
+            rate = self.expected_rate(c, b, greedy)
+            if (c[1] + 1) / self.seconds[(c, b)].value >= plain:  # could still beat a plain step
+                out.append(c)
+            if rate < self.margin * best:
+                break
+            best = max(best, rate)
+        return out
+
     def choose(self, rows: int, greedy: bool):
         b = bucket(rows)
         r = self.rounds[b] = self.rounds.get(b, 0) + 1
-        cands = self.candidates
-        for c in cands:  # measure every candidate twice before trusting any
-            if self.seconds.get((c, b), _Stat()).n < 2:
-                return c
-        if r % self.explore_every == 0:
-            return min(cands, key=lambda c: self.seconds[(c, b)].last_round)
-        return max(cands, key=lambda c: self.expected_rate(c, b, greedy))
+        cands = self.live(b, greedy)
+        if not self._measured(cands[-1], b):
+            return cands[-1]
+        best = max(cands, key=lambda c: self.expected_rate(c, b, greedy))
+        due, wait, settled = self.explore.setdefault(b, [r + self.explore_every, self.explore_every, best])
+        if best != settled:  # the choice changed: look around again soon
+            self.explore[b] = [r + self.explore_every, self.explore_every, best]
+        elif r >= due and len(cands) > 1:
+            wait = min(2 * wait, self.max_explore_every)
+            self.explore[b] = [r + wait, wait, best]
+            return min((c for c in cands if c != best), key=lambda c: self.seconds[(c, b)].last_round)
+        return best
 
     def expected_rate(self, shape, b, greedy):
         """Expected tokens per row per second of a round with this candidate in bucket b."""
@@ -80,7 +116,8 @@ class SpeculationPolicy:
         """{bucket rows label: best candidate} with the current estimates, for logs and benchmarks."""
         out = {}
         for b in sorted(self.rounds):
-            if all(self.seconds.get((c, b), _Stat()).n >= 1 for c in self.candidates):
+            cands = [c for c in self.live(b, True) if self._measured(c, b)]
+            if cands:
                 label = f"{2 ** (b - 1) + 1}-{2 ** b}" if b > 1 else str(b + 1)
-                out[label] = max(self.candidates, key=lambda c: self.expected_rate(c, b, True))
+                out[label] = max(cands, key=lambda c: self.expected_rate(c, b, True))
         return out

@@ -81,26 +81,35 @@ def test_default_adaptive_decoder_is_lossless(target):
     assert dec.policy.seconds  # it measured rounds
 
 
-def test_policy_measures_every_candidate_then_picks_the_fastest():
+def test_policy_measures_candidates_frugally_then_picks_the_fastest():
     pol = SpeculationPolicy((4, 5, 16), explore_every=10)
     assert pol.candidates == [PLAIN, (2, 2, 3), (2, 4, 6), (4, 5, 16)]
     assert SpeculationPolicy((2, 3, 5)).candidates == [PLAIN, (2, 2, 3), (2, 3, 5)]  # never above the configured
-    # a batch of 8 where every tree costs more than it gains, and a batch of 1 where the big tree wins
+    # batch 1: the big tree wins; batch 8: trees lose, (2, 4, 6) by more than the margin, so (4, 5, 16) is never
+    # tried; batch 32: (2, 2, 3) cannot win even with every draft accepted (3 tokens in 0.2 s < 1 in 0.05 s)
     cost = {(PLAIN, 8): 0.04, ((2, 2, 3), 8): 0.07, ((2, 4, 6), 8): 0.09, ((4, 5, 16), 8): 0.15,
-            (PLAIN, 1): 0.02, ((2, 2, 3), 1): 0.022, ((2, 4, 6), 1): 0.024, ((4, 5, 16), 1): 0.027}
+            (PLAIN, 1): 0.02, ((2, 2, 3), 1): 0.022, ((2, 4, 6), 1): 0.024, ((4, 5, 16), 1): 0.027,
+            (PLAIN, 32): 0.05, ((2, 2, 3), 32): 0.2, ((2, 4, 6), 32): 0.3, ((4, 5, 16), 32): 0.6}
     tau = {PLAIN: 1.0, (2, 2, 3): 1.6, (2, 4, 6): 2.0, (4, 5, 16): 2.4}
-    picks = {1: [], 8: []}
-    for _ in range(40):
-        for rows in (1, 8):
+    picks = {1: [], 8: [], 32: []}
+    for _ in range(400):
+        for rows in picks:
             c = pol.choose(rows, True)
             picks[rows].append(c)
             pol.observe(c, rows, True, cost[(c, rows)], tau[c])
-    for rows, best in ((8, PLAIN), (1, (4, 5, 16))):
-        assert set(picks[rows][:12]) == set(pol.candidates)  # each measured (first sample discarded, then two)
-        later = picks[rows][12:]
-        assert later.count(best) >= len(later) - 3, (rows, later)  # the rest: the best, bar re-measurements
-        assert len(set(later)) > 1  # ... and re-measurements do happen
-    assert pol.summary() == {"1": (4, 5, 16), "5-8": PLAIN}
+    tried = {1: set(pol.candidates), 8: {PLAIN, (2, 2, 3), (2, 4, 6)}, 32: {PLAIN, (2, 2, 3)}}
+    for rows, best in ((1, (4, 5, 16)), (8, PLAIN), (32, PLAIN)):
+        first = 3 * len(tried[rows])  # each measured: the first sample discarded, then two
+        assert picks[rows][:first] == [c for c in pol.candidates if c in tried[rows] for _ in range(3)], rows
+        assert set(picks[rows]) == tried[rows], rows
+        later = picks[rows][first:]
+        others = [i for i, c in enumerate(later) if c != best]
+        assert len(others) <= 8, (rows, others)  # the rest: the best, bar a few re-measurements ...
+        gaps = [b - a for a, b in zip(others, others[1:])]
+        assert gaps == sorted(gaps) and (not gaps or gaps[-1] >= 4 * gaps[0]), (rows, others)  # ... ever rarer
+    assert len([c for c in picks[1][12:] if c != (4, 5, 16)]) >= 2  # re-measurements do happen
+    assert (2, 2, 3) not in picks[32][6:]  # hopeless: never again
+    assert pol.summary() == {"1": (4, 5, 16), "5-8": PLAIN, "17-32": PLAIN}
 
 
 def test_vanilla_batched_matches_unbatched(target):
