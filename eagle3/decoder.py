@@ -304,7 +304,8 @@ class SpeculativeDecoder:
                 root_out = self._catch_up(hcache, torch.stack(pending_tok, 1), torch.stack(pending_feat, 1))
                 pending_tok, pending_feat = [], []
             tc = time.perf_counter()
-            totals["draft_time_s"] += tc - td
+            switch_s = tc - td
+            totals["draft_time_s"] += switch_s
             td = tc
             tree = draft_tree(head, embed, root, root_out, hcache, *shape)
             tv = time.perf_counter()
@@ -333,7 +334,7 @@ class SpeculativeDecoder:
             totals["verify_time_s"] += tu - tv
             em, ln = emitted.tolist(), acc.length.tolist()
             if self.policy:
-                self.policy.observe(shape, n, greedy, te - td, sum(ln) / n)
+                self.policy.observe(shape, n, greedy, te - td, sum(ln) / n, switch_s)
             for i, s in enumerate(rows.live):
                 rows.forwards[s] += 1
                 rows.rounds[s] += 1

@@ -16,7 +16,9 @@ Measuring costs: at batch 32 one 16-node tree round costs ~12 plain steps on a C
   - a tree that cannot win even if every draft were accepted (depth + 1 tokens per round) is never tried again in
     that bucket;
   - the stalest remaining candidate is re-measured after `explore_every` rounds, and the wait doubles (up to
-    `max_explore_every`) each time the best stays the same, so a settled bucket pays almost nothing.
+    `max_explore_every`) each time the best stays the same, so a settled bucket pays almost nothing;
+  - and re-measurements never take more than `budget` of a bucket's time, counting what a switch costs besides
+    the round (the head reading the prompt or the plain steps it missed: at batch 32 about two plain steps).
 """
 from dataclasses import dataclass, field
 
@@ -52,10 +54,13 @@ class SpeculationPolicy:
     explore_every: int = 64             # rounds per bucket before the first re-measurement
     max_explore_every: int = 2048       # ... doubling up to this while the best stays the same
     margin: float = 0.9                 # try the next larger tree if this one reached margin x the best rate
+    budget: float = 0.03                # most of a bucket's time that re-measurements may take
     tau: dict = field(default_factory=dict)      # (shape, greedy) -> _Stat
     seconds: dict = field(default_factory=dict)  # (shape, bucket) -> _Stat
     rounds: dict = field(default_factory=dict)   # bucket -> rounds decided
     explore: dict = field(default_factory=dict)  # bucket -> [round of the next re-measurement, wait, best then]
+    spent: dict = field(default_factory=dict)    # bucket -> [seconds observed, of which re-measurements]
+    probe: dict = field(default_factory=dict)    # bucket -> the candidate being re-measured this round
 
     @property
     def candidates(self):
@@ -95,9 +100,12 @@ class SpeculationPolicy:
         if best != settled:  # the choice changed: look around again soon
             self.explore[b] = [r + self.explore_every, self.explore_every, best]
         elif r >= due and len(cands) > 1:
-            wait = min(2 * wait, self.max_explore_every)
-            self.explore[b] = [r + wait, wait, best]
-            return min((c for c in cands if c != best), key=lambda c: self.seconds[(c, b)].last_round)
+            total, probes = self.spent.get(b, (0.0, 0.0))
+            if probes <= self.budget * total:
+                wait = min(2 * wait, self.max_explore_every)
+                self.explore[b] = [r + wait, wait, best]
+                self.probe[b] = min((c for c in cands if c != best), key=lambda c: self.seconds[(c, b)].last_round)
+                return self.probe[b]
         return best
 
     def expected_rate(self, shape, b, greedy):
@@ -105,9 +113,15 @@ class SpeculationPolicy:
         tau = 1.0 if shape is PLAIN else self.tau.get((shape, greedy), self.tau.get((shape, not greedy), _Stat(1.0))).value
         return tau / max(self.seconds[(shape, b)].value, 1e-9)
 
-    def observe(self, shape, rows: int, greedy: bool, seconds: float, tokens_per_row: float):
+    def observe(self, shape, rows: int, greedy: bool, seconds: float, tokens_per_row: float, switch_s: float = 0.0):
+        """One round's measurement: its seconds (for the estimates) and switch_s, the one-off cost of switching to
+        it (only for the re-measurement budget)."""
         b = bucket(rows)
         now = self.rounds.get(b, 0)
+        spent = self.spent.setdefault(b, [0.0, 0.0])
+        spent[0] += seconds + switch_s
+        if self.probe.pop(b, "none") == shape:
+            spent[1] += seconds + switch_s
         self.seconds.setdefault((shape, b), _Stat()).add(seconds, self.alpha, now, skip_first=True)
         if shape is not PLAIN:
             self.tau.setdefault((shape, greedy), _Stat()).add(tokens_per_row, self.alpha, now)

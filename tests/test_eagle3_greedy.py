@@ -4,7 +4,7 @@ import random
 import pytest
 
 from eagle3 import SpeculativeDecoder, load_target
-from eagle3.policy import PLAIN, SpeculationPolicy
+from eagle3.policy import PLAIN, SpeculationPolicy, bucket
 from eagle3_helpers import decoder_for, random_prompts, small_vocab_target
 
 TREES = [dict(parallel_degree=1, depth=1, total_tokens=2), dict(parallel_degree=2, depth=3, total_tokens=6),
@@ -110,6 +110,24 @@ def test_policy_measures_candidates_frugally_then_picks_the_fastest():
     assert len([c for c in picks[1][12:] if c != (4, 5, 16)]) >= 2  # re-measurements do happen
     assert (2, 2, 3) not in picks[32][6:]  # hopeless: never again
     assert pol.summary() == {"1": (4, 5, 16), "5-8": PLAIN, "17-32": PLAIN}
+
+
+def test_policy_re_measurements_stay_within_their_time_budget():
+    # Plain steps win at this batch size, and each switch to a tree costs 0.5 s on top of its round (the head reading
+    # the prompt): re-measuring every 10 rounds would spend most of the time on them.
+    pol = SpeculationPolicy((2, 2, 3), explore_every=10, max_explore_every=10, budget=0.05)
+    cost = {PLAIN: 0.05, (2, 2, 3): 0.08}
+    total = probes = 0.0
+    picks = []
+    for _ in range(2000):
+        c = pol.choose(8, True)
+        picks.append(c)
+        switch = 0.5 if c is not PLAIN and (len(picks) < 2 or picks[-2] is PLAIN) else 0.0
+        pol.observe(c, 8, True, cost[c], 1.2 if c else 1.0, switch)
+        total += cost[c] + switch
+        probes += (cost[c] + switch) * (len(picks) > 6 and c is not PLAIN)
+    assert 1 <= picks[6:].count((2, 2, 3)) and probes <= 0.05 * total + 0.58, (probes, total)
+    assert pol.spent[bucket(8)][1] == pytest.approx(probes)
 
 
 def test_vanilla_batched_matches_unbatched(target):
