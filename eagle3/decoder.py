@@ -75,13 +75,17 @@ class _Rows:
                 return
 
     def retire(self, elapsed):
-        """Drop finished rows; returns the batch indices to keep (None when nothing changed)."""
-        keep = [i for i, s in enumerate(self.live) if self.finish[s] is None]
+        """Drop finished rows; returns the new batch order as indices into the old one (None when nothing changed).
+        Live rows from the end fill the finished rows' places, so the KV caches move only those rows (KVCache.keep)."""
+        done = [self.finish[s] is not None for s in self.live]
         for i, s in enumerate(self.live):
-            if self.finish[s] is not None:
+            if done[i]:
                 self.wall[s] = elapsed
-        if len(keep) == len(self.live):
+        n = done.count(False)
+        if n == len(self.live):
             return None
+        movers = iter(i for i in range(n, len(done)) if not done[i])
+        keep = [next(movers) if done[i] else i for i in range(n)]
         self.live = [self.live[i] for i in keep]
         return keep
 

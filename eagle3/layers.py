@@ -137,8 +137,20 @@ class KVCache:
         self.lens += counts
 
     def keep(self, rows):
-        """Drop finished rows (rows: indices to keep)."""
-        self.k, self.v, self.lens = self.k[:, rows], self.v[:, rows], self.lens[rows]
+        """Keep these rows, in this order: row j becomes old row rows[j]. In place when every rows[j] >= j (in
+        ascending order, or what _Rows.retire returns): a copy of the whole cache per finished row costs ~0.1 s at
+        batch 32, moving the few rows that change place almost nothing."""
+        order = rows.tolist() if torch.is_tensor(rows) else list(rows)
+        idx = torch.as_tensor(order, device=self.lens.device)
+        if any(r < j for j, r in enumerate(order)):  # a row would be read after being overwritten
+            self.k, self.v, self.lens = self.k[:, idx], self.v[:, idx], self.lens[idx]
+            return
+        for j, r in enumerate(order):
+            if r != j:
+                self.k[:, j].copy_(self.k[:, r])
+                self.v[:, j].copy_(self.v[:, r])
+        n = len(order)
+        self.k, self.v, self.lens = self.k[:, :n], self.v[:, :n], self.lens[idx]
 
 
 def attention_mask(lens, tree_mask, total_len):

@@ -6,7 +6,9 @@ policy measures instead of guessing. For every candidate (a plain step, or one o
 the configured one) it keeps
   - tau: tokens emitted per row per round (moving average; shared by all batch sizes, since acceptance depends on
     the head and the text, not on the batch), per greedy/sampled mode, and
-  - seconds per round, per batch-size bucket (1, 2, 3-4, 5-8, ... rows),
+  - seconds per round and row, per batch-size bucket (1, 2, 3-4, 5-8, ... rows): per row, because rows retire
+    and a bucket spans up to 2x the rows, so a candidate measured at 17 rows must not look cheaper than one
+    measured at 32 (on a CPU a large batch's round costs about in proportion to its rows),
 and each round picks the candidate with the most expected tokens per second: tau / seconds. A plain step is tau = 1
 by definition, so speculation is only used where it measured faster than not speculating.
 
@@ -56,7 +58,7 @@ class SpeculationPolicy:
     margin: float = 0.9                 # try the next larger tree if this one reached margin x the best rate
     budget: float = 0.03                # most of a bucket's time that re-measurements may take
     tau: dict = field(default_factory=dict)      # (shape, greedy) -> _Stat
-    seconds: dict = field(default_factory=dict)  # (shape, bucket) -> _Stat
+    seconds: dict = field(default_factory=dict)  # (shape, bucket) -> _Stat of seconds per round and row
     rounds: dict = field(default_factory=dict)   # bucket -> rounds decided
     explore: dict = field(default_factory=dict)  # bucket -> [round of the next re-measurement, wait, best then]
     spent: dict = field(default_factory=dict)    # bucket -> [seconds observed, of which re-measurements]
@@ -109,7 +111,7 @@ class SpeculationPolicy:
         return best
 
     def expected_rate(self, shape, b, greedy):
-        """Expected tokens per row per second of a round with this candidate in bucket b."""
+        """Expected tokens per second of a round with this candidate in bucket b (per row, up to a constant)."""
         tau = 1.0 if shape is PLAIN else self.tau.get((shape, greedy), self.tau.get((shape, not greedy), _Stat(1.0))).value
         return tau / max(self.seconds[(shape, b)].value, 1e-9)
 
@@ -122,7 +124,7 @@ class SpeculationPolicy:
         spent[0] += seconds + switch_s
         if self.probe.pop(b, "none") == shape:
             spent[1] += seconds + switch_s
-        self.seconds.setdefault((shape, b), _Stat()).add(seconds, self.alpha, now, skip_first=True)
+        self.seconds.setdefault((shape, b), _Stat()).add(seconds / rows, self.alpha, now, skip_first=True)
         if shape is not PLAIN:
             self.tau.setdefault((shape, greedy), _Stat()).add(tokens_per_row, self.alpha, now)
 

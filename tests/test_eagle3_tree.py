@@ -113,3 +113,19 @@ def test_draft_tree_shape_and_order():
             kids = tree.tokens[b, 1:][tree.parents[b, 1:] == p].tolist()
             assert len(kids) == len(set(kids))
     assert hc.lens.tolist() == [5, 3]  # drafting never commits to the head's cache
+
+
+def test_kv_cache_keep_reorders_rows_in_place_or_by_copy():
+    from eagle3.decoder import _Rows
+    rows = _Rows(6, [4] * 6, eos=[])
+    rows.finish[1] = rows.finish[4] = "length"
+    keep = rows.retire(0.0)
+    assert keep == [0, 5, 2, 3] and rows.live == [0, 5, 2, 3]  # the last live row fills the first hole
+    for order in (keep, [0, 2, 3], [3, 0, 1]):  # in place (the first two) and by copy (the last)
+        c = KVCache(layers=2, batch=6, kv_heads=1, max_len=3, head_dim=2, dtype=torch.float32, device="cpu")
+        c.k.copy_(torch.randn(c.k.shape))
+        c.v.copy_(torch.randn(c.v.shape))
+        c.lens.copy_(torch.arange(6))
+        want_k, want_v = c.k[:, order].clone(), c.v[:, order].clone()
+        c.keep(torch.tensor(order))
+        assert torch.equal(c.k, want_k) and torch.equal(c.v, want_v) and c.lens.tolist() == order
