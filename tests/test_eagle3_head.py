@@ -90,3 +90,18 @@ def test_head_for_another_target_is_refused():
     target = small_vocab_target(vocab=8)
     with pytest.raises(ValueError, match="draft"):
         SpeculativeDecoder(target, draft=_head())
+
+
+def test_restricting_the_draft_vocabulary_keeps_the_most_frequent_tokens_and_their_rows():
+    from bench.vocab import restrict
+    h = _head()
+    ids = h.to_target_ids(torch.arange(40))
+    counts = torch.zeros(100, dtype=torch.long)
+    counts[ids] = torch.arange(40) * 7 % 41 + 1  # distinct counts, not in id order
+    small = restrict(h, counts, 10)
+    kept = small.to_target_ids(torch.arange(10))
+    assert set(kept.tolist()) == set(ids[counts[ids].topk(10).indices].tolist())
+    assert torch.equal(kept, kept.sort().values) and int(small.t2d.sum()) == 10
+    rows = {int(t): h.lm_head.weight[i] for i, t in enumerate(ids)}
+    assert all(torch.equal(small.lm_head.weight[i], rows[int(t)]) for i, t in enumerate(kept))
+    assert torch.equal(small.fc.weight, h.fc.weight)
