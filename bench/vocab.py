@@ -54,7 +54,7 @@ def main():
     target = load_target()
     full = Eagle3Head.from_pretrained(default_head_path(target))
     sizes = [s for s in a.sizes if s <= full.config.draft_vocab_size]
-    base = SpeculativeDecoder(target, draft=full, adaptive=False)
+    base = SpeculativeDecoder(target, adaptive=False)  # the shipped head (packed: `full` stays as loaded)
     log(f"counting tokens of the target's answers to {a.count_prompts} training prompts")
     counts = token_counts(base, [p["prompt"] for p in training_prompts()][: a.count_prompts], a.count_tokens, log)
     prompts = [p["prompt"] for p in heldout_prompts()][: a.prompts]
