@@ -47,8 +47,8 @@ def answer_batch(target, prompts, max_new_tokens, sample_rows, temperature=0.7, 
         if not keep or step == max_new_tokens - 1:
             break
         if len(keep) < len(live):
+            cache.keep(keep)
             idx = torch.tensor(keep, device=dev)
-            cache.keep(idx)
             nxt, sample, live = nxt[idx], sample[idx], [live[i] for i in keep]
         logits, feats = model(nxt[:, None], cache.lens[:, None], cache,
                               torch.ones(len(live), 1, 1, dtype=torch.bool, device=dev))

@@ -248,7 +248,7 @@ class SpeculativeDecoder:
             if keep is not None:
                 if not keep:
                     return
-                cache.keep(torch.tensor(keep, device=tok.device))
+                cache.keep(keep)
                 tok = tok[keep]
             logits, _ = self.model(tok[:, None], cache.lens[:, None], cache, one.expand(len(tok), 1, 1))
             cache.lens += 1
@@ -270,9 +270,9 @@ class SpeculativeDecoder:
             if keep is not None:
                 if not keep:
                     return
+                cache.keep(keep)
+                hcache.keep(keep)
                 idx = torch.tensor(keep, device=dev)
-                cache.keep(idx)
-                hcache.keep(idx)
                 root = root[idx]
                 root_out = root_out[idx] if root_out is not None else None
                 prompt = prompt and tuple(x[idx] for x in prompt)

@@ -140,7 +140,7 @@ class KVCache:
         """Keep these rows, in this order: row j becomes old row rows[j]. In place when every rows[j] >= j (in
         ascending order, or what _Rows.retire returns): a copy of the whole cache per finished row costs ~0.1 s at
         batch 32, moving the few rows that change place almost nothing."""
-        order = rows.tolist() if torch.is_tensor(rows) else list(rows)
+        order = list(rows)  # a list of ints: the checks below run in Python, with no device sync
         idx = torch.as_tensor(order, device=self.lens.device)
         if any(r < j for j, r in enumerate(order)):  # a row would be read after being overwritten
             self.k, self.v, self.lens = self.k[:, idx], self.v[:, idx], self.lens[idx]

@@ -127,5 +127,5 @@ def test_kv_cache_keep_reorders_rows_in_place_or_by_copy():
         c.v.copy_(torch.randn(c.v.shape))
         c.lens.copy_(torch.arange(6))
         want_k, want_v = c.k[:, order].clone(), c.v[:, order].clone()
-        c.keep(torch.tensor(order))
+        c.keep(order)
         assert torch.equal(c.k, want_k) and torch.equal(c.v, want_v) and c.lens.tolist() == order
