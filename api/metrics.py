@@ -21,14 +21,13 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
 from jobs.models import Item
-from jobs.queue import MAX_PRIORITY
+from jobs.queue import broker_depth
 
 bp = Blueprint("metrics", __name__)
 
 LATENCY = Histogram("eagle3_api_request_duration_seconds", "API request latency", ["method", "route"],
                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 REQUESTS = Counter("eagle3_api_requests_total", "API requests by response status", ["method", "route", "status"])
-PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: queue "q" at priority p > 0 is the list "q\x06\x16p"
 
 
 def route() -> str:
@@ -64,13 +63,7 @@ class QueueCollector:
                                   labels=["queue"])
         items = GaugeMetricFamily("eagle3_items", "Items by status in Postgres", labels=["status"])
         try:
-            with self.state.celery.connection_for_read() as connection:
-                client = connection.default_channel.client
-                names = [queue] + [f"{queue}{PRIORITY_SEP}{p}" for p in range(1, MAX_PRIORITY + 1)]
-                pipe = client.pipeline()
-                for name in names:
-                    pipe.llen(name)
-                depth.add_metric([queue], sum(pipe.execute()))
+            depth.add_metric([queue], broker_depth(self.state.celery))
             up.add_metric(["redis"], 1)
         except Exception:  # noqa: BLE001 - a scrape reports the outage, it does not fail
             up.add_metric(["redis"], 0)

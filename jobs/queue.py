@@ -143,6 +143,17 @@ def items_in_broker(celery: Celery) -> set[int]:
     return {item for item in map(_item_of, messages) if item is not None}
 
 
+def broker_depth(celery: Celery) -> int:
+    """Decode messages waiting on the batch queue (all its priority lists; not those a worker already holds)."""
+    queue = celery.conf.task_default_queue
+    with celery.connection_for_read() as connection:
+        channel = connection.default_channel
+        pipe = channel.client.pipeline()
+        for name in sorted({channel._q_for_pri(queue, step) for step in channel.priority_steps}):
+            pipe.llen(name)
+        return sum(pipe.execute())
+
+
 def purge_redis(redis_url: str, marker: str) -> None:
     """Delete the queues and kombu bindings of a throwaway run: every Redis key and binding member naming `marker`
     (tests and the load test name their queues after a run id)."""

@@ -2,6 +2,7 @@
 import io
 import json
 import logging
+import math
 import re
 import socket
 import urllib.request
@@ -61,7 +62,8 @@ def engine():
 
 
 def test_worker_metrics_count_a_batch_and_are_served(database, engine):
-    api = client_for(create_app({"queue": f"metrics-unconsumed-{RUN_ID}"}))
+    app = create_app({"queue": f"metrics-unconsumed-{RUN_ID}"})
+    api = client_for(app)
     job = submit(api, {"items": prompts(4, "Metered"), "params": {"max_new_tokens": 4, "measure_baseline": True}})
     Session = session_factory(database)
     with Session() as session:
@@ -82,10 +84,16 @@ def test_worker_metrics_count_a_batch_and_are_served(database, engine):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert metrics.start_server(port) == port
+    assert metrics.start_server(port, app.extensions["jobs"].celery) == port
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "eagle3_worker_queue_depth 4.0" in text  # the 4 messages nobody consumed, read at scrape time
     assert 'eagle3_worker_items_processed_total{outcome="completed",type="generation"}' in text
     assert "eagle3_worker_up 1.0" in text and "eagle3_worker_tokens_per_second_bucket" in text
+
+
+def test_worker_queue_depth_is_nan_while_redis_is_down(database):
+    metrics.watch_queue(create_app({"redis_url": "redis://127.0.0.1:1/0"}).extensions["jobs"].celery)
+    assert math.isnan(REGISTRY.get_sample_value("eagle3_worker_queue_depth"))
 
 
 def test_json_logs_carry_the_job_id(client, worker):

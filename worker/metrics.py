@@ -12,6 +12,8 @@ import logging
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from jobs.queue import BROKER_ERRORS, broker_depth
+
 log = logging.getLogger(__name__)
 
 ITEMS = Counter("eagle3_worker_items_processed_total", "Items finished by this worker", ["type", "outcome"])
@@ -30,10 +32,25 @@ SPEEDUP = Histogram("eagle3_worker_speedup", "Speedup over vanilla of one decode
                     buckets=(0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0))
 LAST_SPEEDUP = Gauge("eagle3_worker_last_speedup", "Speedup of the latest decode group", ["kind"])
 UP = Gauge("eagle3_worker_up", "1 while the decoding process serves metrics (its model is loaded)")
+QUEUE_DEPTH = Gauge("eagle3_worker_queue_depth", "Decode messages waiting on the broker for this worker's queue, "
+                    "read at each scrape (NaN while Redis does not answer)")
 
 
-def start_server(port: int, tries: int = 8) -> int | None:
-    """Serve the default registry on `port` (or the next free one). Returns the port, or None if none was free."""
+def watch_queue(celery) -> None:
+    """Report the depth of `celery`'s batch queue at scrape time, so a worker's own metrics show the backlog it faces."""
+    def depth() -> float:
+        try:
+            return broker_depth(celery)
+        except BROKER_ERRORS:
+            return float("nan")
+    QUEUE_DEPTH.set_function(depth)
+
+
+def start_server(port: int, celery=None, tries: int = 8) -> int | None:
+    """Serve the default registry on `port` (or the next free one), with the depth of `celery`'s queue if given.
+    Returns the port, or None if none was free."""
+    if celery is not None:
+        watch_queue(celery)
     for candidate in range(port, port + tries):
         try:
             start_http_server(candidate)

@@ -40,7 +40,7 @@ def _load_in_child(**_):
     get_db_engine(settings.database_url).dispose(close=False)  # never share the parent's connections
     get_engine()
     if settings.worker_metrics_port:  # the child decodes, so it serves the metrics (worker/metrics.py)
-        metrics.start_server(settings.worker_metrics_port)
+        metrics.start_server(settings.worker_metrics_port, celery_app)
 
 
 @signals.worker_init.connect  # solo/threads pools: in the worker process itself (prefork: never in the parent)
@@ -48,7 +48,7 @@ def _load_in_worker(sender=None, **_):
     if "prefork" not in str(getattr(sender, "pool_cls", "prefork")):
         get_engine()
         if settings.worker_metrics_port:
-            metrics.start_server(settings.worker_metrics_port)
+            metrics.start_server(settings.worker_metrics_port, celery_app)
 
 
 class DecodeBatches(Batches):
