@@ -117,6 +117,11 @@ def _item_of(message: dict) -> int | None:
         return None
 
 
+def _priority_lists(channel, queue: str) -> list[str]:
+    """The Redis lists kombu keeps for `queue`, one per priority step (the same name for steps that share one)."""
+    return sorted({channel._q_for_pri(queue, step) for step in channel.priority_steps})
+
+
 def items_in_broker(celery: Celery) -> set[int]:
     """The item ids that Redis holds decode messages for on the batch queue: waiting in one of its priority lists, or
     delivered to a worker and not yet acked (kombu's `unacked` hash, which also holds what workers have prefetched
@@ -129,9 +134,8 @@ def items_in_broker(celery: Celery) -> set[int]:
         channel = connection.default_channel
         if not hasattr(channel, "unacked_key"):
             raise NotImplementedError(f"items_in_broker reads Redis only, not {connection.transport_cls}")
-        lists = sorted({channel._q_for_pri(queue, step) for step in channel.priority_steps})
         pipe = channel.client.pipeline(transaction=True)
-        for name in lists:
+        for name in _priority_lists(channel, queue):
             pipe.lrange(name, 0, -1)
         pipe.hvals(channel.unacked_key)
         *waiting, unacked = pipe.execute()
@@ -149,7 +153,7 @@ def broker_depth(celery: Celery) -> int:
     with celery.connection_for_read() as connection:
         channel = connection.default_channel
         pipe = channel.client.pipeline()
-        for name in sorted({channel._q_for_pri(queue, step) for step in channel.priority_steps}):
+        for name in _priority_lists(channel, queue):
             pipe.llen(name)
         return sum(pipe.execute())
 

@@ -68,7 +68,8 @@ def test_the_worker_rides_out_a_postgres_outage(proxied_worker, database):
         return lambda: any(s == "running" for s, _, _ in state_of(Session, job_id).values())
 
     # A short outage: the batch is written once Postgres is back, without decoding it again.
-    short = submit(client, {"items": [{"prompt": f"Blip {i}"} for i in range(4)], "params": {"max_new_tokens": DECODE_TOKENS}})
+    short = submit(client, {"items": [{"prompt": f"Blip {i}"} for i in range(4)],
+                            "params": {"max_new_tokens": DECODE_TOKENS}})
     wait_until(running(short["id"]), 30, "first batch claimed")
     proxy.cut()
     wait_until(lambda: b"retrying the write of 4 results" in worker.log_path.read_bytes(), 60, "a write retried")
@@ -78,7 +79,8 @@ def test_the_worker_rides_out_a_postgres_outage(proxied_worker, database):
     assert set(state_of(Session, short["id"]).values()) == {("completed", 1, 1)}
 
     # A long outage: the write gives up after DB_RETRY_S, the next batch cannot even be claimed; both are handed back.
-    long = submit(client, {"items": [{"prompt": f"Outage {i}"} for i in range(8)], "params": {"max_new_tokens": DECODE_TOKENS}})
+    long = submit(client, {"items": [{"prompt": f"Outage {i}"} for i in range(8)],
+                           "params": {"max_new_tokens": DECODE_TOKENS}})
     wait_until(running(long["id"]), 30, "first batch claimed")
     proxy.cut()
     wait_until(lambda: worker.log_path.read_bytes().count(b"re-sent them with a delay") >= 2, 60,

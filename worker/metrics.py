@@ -37,7 +37,7 @@ QUEUE_DEPTH = Gauge("eagle3_worker_queue_depth", "Decode messages waiting on the
 
 
 def watch_queue(celery) -> None:
-    """Report the depth of `celery`'s batch queue at scrape time, so a worker's own metrics show the backlog it faces."""
+    """Report the depth of `celery`'s batch queue at scrape time: a worker's own metrics show the backlog it faces."""
     def depth() -> float:
         try:
             return broker_depth(celery)
