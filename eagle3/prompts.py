@@ -24,6 +24,47 @@ mountains; cheese making; the ocean tides; birds migration; the printing of mone
 photography; the post office; hiking safety; weather forecasting; tigers; the Internet of Things; salt; maps;
 the history of writing; sugar; open source software; the bicycle chain; rain; volcanic islands; bridges""".replace("\n", " ")
 
+MORE_TOPICS = """tomatoes; gardening in small spaces; the Great Barrier Reef; kangaroos; the Sydney Opera House; cooking rice;
+job interviews; writing a CV; saving for retirement; credit cards; mortgages; taxes; small businesses; marketing;
+customer service; supply chains; shipping containers; airports; air traffic control; jet engines; helicopters;
+rockets; the International Space Station; Jupiter; Saturn's rings; comets; meteor showers; eclipses; the Sun;
+star formation; dark matter; the Big Bang; atoms; chemical bonds; acids and bases; semiconductors;
+transistors; operating systems; databases; spreadsheets; email; passwords; computer viruses; artificial intelligence;
+neural networks; search engines; web browsers; HTML; the Python language; version control; unit testing; APIs;
+data privacy; online shopping; streaming services; podcasts; newspapers; television; cinema; animation; comics;
+novels; Shakespeare; fairy tales; mythology; Greek gods; Norse legends; the Olympics of ancient Greece; Sparta;
+Julius Caesar; Cleopatra; the Middle Ages; castles; knights; the Black Death; the Magna Carta; Columbus; the Incas;
+the American Civil War; World War I; World War II; the United Nations; the European Union; elections; courts;
+human rights; the Red Cross; charities; universities; homework; exams; kindergarten; teachers; reading habits;
+handwriting; calligraphy; sign language; dialects; the English alphabet; punctuation; grammar; vocabulary;
+dictionaries; crossword puzzles; sudoku; board games; card games; playing the guitar; the piano; drums; singing;
+choirs; rock music; hip hop; folk dances; salsa; theatre; magic tricks; circus acrobats; stand-up comedy;
+football; basketball; tennis; swimming; cycling races; skiing; surfing; climbing; boxing; the Tour de France;
+cricket; baseball; golf; table tennis; fitness; stretching; healthy breakfasts; drinking water; fruit; vegetables;
+protein; fasting; allergies; the common cold; fever; headaches; dentists; eyesight; hearing; the skin; bones;
+muscles; the lungs; blood; the kidneys; digestion; stress; happiness; loneliness; kindness; gratitude; patience;
+motivation; habits; procrastination; time management; goal setting; teamwork; leadership; negotiation; conflict;
+parenting; grandparents; pets; dogs; cats; hamsters; goldfish; horses; cows; sheep; chickens; pigs; wolves; foxes;
+bears; lions; giraffes; zebras; gorillas; chimpanzees; dolphins; jellyfish; crabs; starfish; butterflies;
+spiders; snakes; frogs; crocodiles; parrots; eagles; hummingbirds; bats; camels; polar bears; koalas; pandas;
+oak trees; cactus plants; sunflowers; roses; seeds; soil; fertilisers; farming; tractors; irrigation; fishing;
+forests; wetlands; lakes; waterfalls; caves; islands; beaches; the Himalayas; the Alps; the Grand Canyon;
+Antarctica; Iceland; Japan; India; Brazil; Kenya; Canada; Mexico; Egypt today; Paris; London; New York; Tokyo;
+Rome; Venice; Istanbul; Cairo; Rio de Janeiro; Beijing; cities at night; traffic jams; public transport; subways;
+cars; motorcycles; ships; sailing; canals; roads; tunnels; dams; houses; apartments; furniture; kitchens;
+cleaning; laundry; cooking pasta; baking cakes; soup; salads; spices; olive oil; honey; ice cream; coffee shops;
+restaurants; street food; vegetarian diets; food waste; plastic bags; air pollution; noise pollution; ozone;
+acid rain; endangered species; national parks; zoos; museums; art galleries; sculpture; architecture; pottery;
+sewing; woodworking; drawing; comic strips; fashion; jeans; shoes; hats; jewellery; perfume; soap; toothpaste;
+clocks; calendars; birthdays; weddings; holidays; New Year traditions; festivals; fireworks; gifts; letters;
+postcards; stamps; coins; banks; money; savings accounts; prices; shopping lists; markets; advertising; brands;
+inventions; Thomas Edison; Marie Curie; Albert Einstein; Isaac Newton; Leonardo da Vinci; Ada Lovelace;
+Charles Darwin; Galileo; Nikola Tesla; the wheel; paper; steel; concrete; plastic; rubber; cotton;
+silk; gold; diamonds; oil; natural gas; coal; hydrogen; nuclear fusion; energy saving; light bulbs; refrigerators;
+microwaves; washing machines; vacuum cleaners; drones; self-driving cars; virtual reality; smart watches;
+headphones; cameras; printers; keyboards; the mouse; touch screens; Wi-Fi; Bluetooth; GPS; weather; snow;
+fog; thunderstorms; lightning; tornadoes; droughts; floods; seasons; spring; autumn; the night sky; sunrise""".replace("\n", " ")
+
 HELDOUT_TOPICS = """the Hubble telescope; octopuses; the Ottoman Empire; desalination; bamboo; the Hanseatic League;
 lichens; the Doppler effect; hot air balloons; the Andes; lithium batteries; the Byzantine Empire; seahorses;
 carbon capture; the Aztec calendar; harmonicas; geothermal energy; the Panama Canal; fireflies; the abacus;
@@ -89,33 +130,59 @@ _OPINION = ["{T} is the most beautiful thing in the world.", "{T} was first stud
             "Everyone should spend more time learning about {t}."]
 
 
-def _fill(template, topic, other, rng):
+# Training only (the held-out set keeps the original templates and texts, so heads stay comparable across rounds):
+# more ways of asking, and a few more texts to rewrite and classify.
+EXTRA_TEMPLATES = {
+    "question": ["Can you tell me something surprising about {t}?", "How has {t} changed over the last century?",
+                 "what r the basics of {t}", "Is {t} good or bad for the environment?"],
+    "explanation": ["I don't understand {t}. Can you explain it step by step?", "Explain {t} using an analogy.",
+                    "Explain {t} like I am a university student."],
+    "list": ["Give me a checklist for a project about {t}.", "List some words related to {t}.",
+             "What are the top three things to see or do related to {t}?"],
+    "code": ["Write a Python dictionary with three facts about {t}.",
+             "Write a bash command that creates a folder named after {t}.",
+             "Write a Python function that checks whether a word about {t} is a palindrome.",
+             "Explain what this Python line does: print(len('{t}'))"],
+    "rewriting": ["Rewrite this sentence as a question: '{s}'", "Paraphrase this sentence: '{s}'",
+                  "Make this sentence shorter: '{s}'"],
+    "summarising": ["Summarise this text in three bullet points: '{p}'", "TL;DR: '{p}'"],
+}
+EXTRA_TEXTS = {
+    "s": ["My brother knows everything about {t}, which is annoying at dinner.",
+          "The report on {t} will be finished by Friday.", "there is alot of things to learn about {t}"],
+    "r": ["The app about {t} keeps crashing and support never answers.",
+          "Great podcast on {t}, although the episodes are a bit long."],
+}
+BASE_TEXTS = dict(s=_SENTENCE, p=_PASSAGE, r=_REVIEW, m=_MESSAGE, o=_OPINION)
+
+
+def _fill(template, topic, other, rng, texts):
     T = topic[0].upper() + topic[1:]
-    fill = lambda xs: rng.choice(xs).format(t=topic, T=T)  # noqa: E731
-    return template.format(t=topic, u=other, s=fill(_SENTENCE), p=fill(_PASSAGE), r=fill(_REVIEW), m=fill(_MESSAGE),
-                           o=fill(_OPINION))
+    return template.format(t=topic, u=other, **{k: rng.choice(xs).format(t=topic, T=T) for k, xs in texts.items()})
 
 
 def _topics(text):
     return [t.strip() for t in text.split(";") if t.strip()]
 
 
-def _make(topics, n, seed):
+def _make(topics, n, seed, extra=False):
     rng = random.Random(seed)
-    cats = list(TEMPLATES)
+    templates = {c: ts + (EXTRA_TEMPLATES.get(c, []) if extra else []) for c, ts in TEMPLATES.items()}
+    texts = {k: xs + (EXTRA_TEXTS.get(k, []) if extra else []) for k, xs in BASE_TEXTS.items()}
+    cats = list(templates)
     seen, out = set(), []
     while len(out) < n:
         cat = cats[len(out) % len(cats)]  # balanced categories
         t, u = rng.sample(topics, 2)
-        p = _fill(rng.choice(TEMPLATES[cat]), t, u, rng)
+        p = _fill(rng.choice(templates[cat]), t, u, rng, texts)
         if p not in seen:
             seen.add(p)
             out.append({"category": cat, "prompt": p})
     return out
 
 
-def training_prompts(n=2400, seed=0):
-    return _make(_topics(TRAIN_TOPICS), n, seed)
+def training_prompts(n=3000, seed=0):
+    return _make(_topics(TRAIN_TOPICS) + _topics(MORE_TOPICS), n, seed, extra=True)
 
 
 def heldout_prompts(n=88, seed=1):
