@@ -130,6 +130,8 @@ _OPINION = ["{T} is the most beautiful thing in the world.", "{T} was first stud
             "Everyone should spend more time learning about {t}."]
 
 
+BASE_TEXTS = dict(s=_SENTENCE, p=_PASSAGE, r=_REVIEW, m=_MESSAGE, o=_OPINION)
+
 # Training only (the held-out set keeps the original templates and texts, so heads stay comparable across rounds):
 # more ways of asking, and a few more texts to rewrite and classify.
 EXTRA_TEMPLATES = {
@@ -153,7 +155,6 @@ EXTRA_TEXTS = {
     "r": ["The app about {t} keeps crashing and support never answers.",
           "Great podcast on {t}, although the episodes are a bit long."],
 }
-BASE_TEXTS = dict(s=_SENTENCE, p=_PASSAGE, r=_REVIEW, m=_MESSAGE, o=_OPINION)
 
 
 def _fill(template, topic, other, rng, texts):
