@@ -182,7 +182,10 @@ def _make(topics, n, seed, extra=False):
     return out
 
 
-def training_prompts(n=3000, seed=0):
+TRAINING_PROMPTS = 3000  # the default training set's size (eagle3.train --prompts)
+
+
+def training_prompts(n=TRAINING_PROMPTS, seed=0):
     return _make(_topics(TRAIN_TOPICS) + _topics(MORE_TOPICS), n, seed, extra=True)
 
 

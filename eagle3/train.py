@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .data import generate_dataset, load_dataset
 from .draft import Eagle3Head, HeadConfig
-from .prompts import training_prompts
+from .prompts import TRAINING_PROMPTS, training_prompts
 from .target import load_target
 
 
@@ -227,7 +227,7 @@ def main(argv=None):
     ap.add_argument("--target", default="smollm2-135m-instruct", help="default model name or a local HF directory")
     ap.add_argument("--out", required=True, help="output directory for the head (EAGLE-3 layout)")
     ap.add_argument("--data", help="self-distillation data directory (default: data/<target name>)")
-    ap.add_argument("--prompts", type=int, default=3000, help="number of training prompts to answer")
+    ap.add_argument("--prompts", type=int, default=TRAINING_PROMPTS, help="number of training prompts to answer")
     ap.add_argument("--prompts-file", help="JSONL with a 'prompt' per line instead of the built-in prompt set")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--gen-batch", type=int, default=24)
