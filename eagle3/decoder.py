@@ -54,15 +54,30 @@ def resolve_head(target: Target, draft) -> Eagle3Head:
 
 
 class _Rows:
-    """Per-row outputs and counters of one batch; `live` maps batch rows to result slots."""
+    """Per-prompt outputs and counters of one generate call; `live` maps batch rows to prompt slots. Prompts join
+    in slot order as rows free up (admit)."""
 
-    def __init__(self, n, limits, eos):
+    def __init__(self, limits, eos):
+        n = len(limits)
         self.tokens = [[] for _ in range(n)]
         self.finish = [None] * n
         self.limits, self.eos = limits, set(eos)
         self.forwards, self.rounds, self.accepted = [1] * n, [0] * n, [0] * n
-        self.wall = [0.0] * n
-        self.live = list(range(n))
+        self.start, self.wall = [0.0] * n, [0.0] * n
+        self.live, self.next = [], 0
+
+    @property
+    def waiting(self):
+        return self.next < len(self.limits)
+
+    def admit(self, room, elapsed):
+        """The next `room` waiting slots join the batch (at its end); returns them."""
+        slots = list(range(self.next, min(self.next + room, len(self.limits))))
+        self.next += len(slots)
+        self.live += slots
+        for s in slots:
+            self.start[s] = elapsed
+        return slots
 
     def emit(self, slot, toks):
         for t in toks:
@@ -80,7 +95,7 @@ class _Rows:
         done = [self.finish[s] is not None for s in self.live]
         for i, s in enumerate(self.live):
             if done[i]:
-                self.wall[s] = elapsed
+                self.wall[s] = elapsed - self.start[s]
         n = done.count(False)
         if n == len(self.live):
             return None
@@ -153,11 +168,10 @@ class SpeculativeDecoder:
         results = [None] * len(ids)
         totals = dict(new_tokens=0, target_forwards=0, rounds=0, accepted=0, draft_time_s=0.0, verify_time_s=0.0,
                       wall_time_s=0.0, accept_hist=[0] * (self.depth + 1), plain_steps=0)
-        for s in range(0, len(order), batch_size):
-            chunk = order[s: s + batch_size]
-            for i, r in zip(chunk, self._decode_batch([list(ids[i]) for i in chunk], [limits[i] for i in chunk],
-                                                      speculative, sampling, totals)):
-                results[i] = r
+        out = self._decode([list(ids[i]) for i in order], [limits[i] for i in order], batch_size, speculative,
+                           sampling, totals)
+        for i, r in zip(order, out):
+            results[i] = r
         totals["accept_length"] = totals["accepted"] / totals["rounds"] if totals["rounds"] else 1.0
         totals["tokens_per_s"] = totals["new_tokens"] / totals["wall_time_s"] if totals["wall_time_s"] else 0.0
         totals["speculative"] = speculative
@@ -208,26 +222,21 @@ class SpeculativeDecoder:
         return torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=sampling["generator"]).view(probs.shape[:-1])
 
     @torch.no_grad()
-    def _decode_batch(self, ids, limits, speculative, sampling, totals):
+    def _decode(self, ids, limits, batch_size, speculative, sampling, totals):
+        """Decode all prompts, at most batch_size rows at a time. A finished row's place goes to the next waiting
+        prompt (continuous batching): speculative rows finish at different rounds, and a batch left to run on with a
+        few stragglers would pay most of a full round for each of their tokens."""
         t0 = time.perf_counter()
-        dev, B = self.target.device, len(ids)
-        tokens, lens, pos, causal = pad_prompts(ids, dev)
-        T = tokens.shape[1]
-        cap = T + max(limits) + self.depth + self.total_tokens + 2
-        cache = self.model.new_cache(B, cap)
-        logits, feats = self.model(tokens, pos, cache, causal, logits_at=(lens - 1)[:, None])
-        cache.lens.copy_(lens)
-        first = self._pick(logits[:, 0], sampling)
-        rows = _Rows(B, limits, self.target.eos_ids)
-        for b in range(B):
-            rows.emit(b, [int(first[b])])
+        rows = _Rows(limits, self.target.eos_ids)
+        cap = max(map(len, ids)) + max(limits) + self.depth + self.total_tokens + 2
+        admit = lambda cache: self._admit(ids, rows, cache, cap, batch_size, sampling, t0)  # noqa: E731
         if speculative:
-            self._speculative_rounds(tokens, lens, feats, first, cache, causal, pos, rows, sampling, totals, t0)
+            self._speculative_rounds(admit, rows, sampling, totals, t0)
         else:
-            self._vanilla_steps(first, cache, rows, sampling, t0)
+            self._vanilla_steps(admit, rows, sampling, t0)
         wall = time.perf_counter() - t0
         out = []
-        for s in range(B):
+        for s in range(len(ids)):
             n = len(rows.tokens[s])
             st = dict(new_tokens=n, target_forwards=rows.forwards[s], rounds=rows.rounds[s],
                       accept_length=rows.accepted[s] / rows.rounds[s] if rows.rounds[s] else 1.0,
@@ -241,15 +250,41 @@ class SpeculativeDecoder:
         totals["wall_time_s"] += wall
         return out
 
-    def _vanilla_steps(self, tok, cache, rows, sampling, t0):
-        one = torch.ones(1, 1, 1, dtype=torch.bool, device=tok.device)
+    def _admit(self, ids, rows, cache, cap, batch_size, sampling, t0):
+        """Prefill the next waiting prompts into the free rows, appended to `cache` (a new cache when None). None when
+        no prompt waits or no row is free, else (cache, their first tokens [m], their prompt pairs for the head: per
+        row (features [L, F], the tokens that follow [L]), the last pair taking the first token)."""
+        if not rows.waiting or len(rows.live) >= batch_size:
+            return None
+        slots = rows.admit(batch_size - len(rows.live), time.perf_counter() - t0)
+        dev = self.target.device
+        tokens, lens, pos, causal = pad_prompts([ids[s] for s in slots], dev)
+        new = self.model.new_cache(len(slots), cap)
+        logits, feats = self.model(tokens, pos, new, causal, logits_at=(lens - 1)[:, None])
+        new.lens.copy_(lens)
+        first = self._pick(logits[:, 0], sampling)
+        pairs = []
+        for i, s in enumerate(slots):
+            L = len(ids[s])
+            pairs.append((feats[i, :L], torch.cat([tokens[i, 1:L], first[i: i + 1]])))
+            rows.emit(s, [int(first[i])])
+        return (new if cache is None else cache.extend(new)), first, pairs
+
+    def _vanilla_steps(self, admit, rows, sampling, t0):
+        one = torch.ones(1, 1, 1, dtype=torch.bool, device=self.target.device)
+        cache = tok = None
         while True:
             keep = rows.retire(time.perf_counter() - t0)
             if keep is not None:
-                if not keep:
-                    return
                 cache.keep(keep)
                 tok = tok[keep]
+            new = admit(cache)
+            if new:
+                cache, first, _ = new
+                tok = first if tok is None else torch.cat([tok, first])
+                continue  # a new row may be done at its first token
+            if not rows.live:
+                return
             logits, _ = self.model(tok[:, None], cache.lens[:, None], cache, one.expand(len(tok), 1, 1))
             cache.lens += 1
             tok = self._pick(logits[:, 0], sampling)
@@ -257,36 +292,46 @@ class SpeculativeDecoder:
                 rows.forwards[s] += 1
                 rows.emit(s, [int(tok[i])])
 
-    def _speculative_rounds(self, tokens, lens, feats, first, cache, causal, pos, rows, sampling, totals, t0):
-        head, embed, dev = self.head, self.model.embed_tokens, tokens.device
-        B = tokens.shape[0]
-        hcache = head.new_cache(B, cache.max_len + self.depth * self.k + self.depth + 2)
-        prompt = (tokens, lens, feats, pos, causal, first)  # the head reads it before the first tree (if any)
-        root, root_out = first, None
+    def _speculative_rounds(self, admit, rows, sampling, totals, t0):
+        head, embed = self.head, self.model.embed_tokens
         greedy = sampling["temperature"] == 0
-        pending_tok, pending_feat = [], []  # plain steps the head has not read yet: (features of token, next token)
+        cache = hcache = root = root_out = None
+        # Per live row, the (features, next token) pairs the head has not read yet: its prompt after it joins, then
+        # the plain steps since its last tree. The head reads them just before the next tree, so plain-step-only
+        # batches never pay for the head.
+        unread = []
         while True:
             keep = rows.retire(time.perf_counter() - t0)
             if keep is not None:
-                if not keep:
-                    return
                 cache.keep(keep)
                 hcache.keep(keep)
-                idx = torch.tensor(keep, device=dev)
-                root = root[idx]
-                root_out = root_out[idx] if root_out is not None else None
-                prompt = prompt and tuple(x[idx] for x in prompt)
-                pending_tok, pending_feat = [t[idx] for t in pending_tok], [f[idx] for f in pending_feat]
+                idx = torch.tensor(keep, dtype=torch.long, device=root.device)
+                root, root_out = root[idx], root_out[idx]
+                unread = [unread[i] for i in keep]
+            new = admit(cache)
+            if new:
+                cache, first, pairs = new
+                m = len(first)
+                # Room for a tree past a row's end, and for the padding of a catch-up over other rows' prompts
+                hnew = head.new_cache(m, 2 * cache.max_len + self.depth * self.k + self.depth + 2)
+                hcache = hnew if hcache is None else hcache.extend(hnew)
+                out0 = torch.zeros(m, head.config.hidden_size, dtype=embed.weight.dtype, device=first.device)
+                root = first if root is None else torch.cat([root, first])
+                root_out = out0 if root_out is None else torch.cat([root_out, out0])
+                unread += [[p] for p in pairs]
+                continue  # a new row may be done at its first token
+            if not rows.live:
+                return
             n = len(root)
             shape = self.policy.choose(n, greedy) if self.policy else (self.k, self.depth, self.total_tokens)
             td = time.perf_counter()
             if shape is PLAIN:  # one ordinary step; the head catches up on it before the next tree
                 logits, feats = self.model(root[:, None], cache.lens[:, None], cache,
-                                           torch.ones(n, 1, 1, dtype=torch.bool, device=dev))
+                                           torch.ones(n, 1, 1, dtype=torch.bool, device=root.device))
                 cache.lens += 1
                 nxt = self._pick(logits[:, 0], sampling)
-                pending_tok.append(nxt)
-                pending_feat.append(feats[:, 0])
+                for i in range(n):
+                    unread[i].append((feats[i, :1], nxt[i: i + 1]))
                 root = nxt
                 step_s = time.perf_counter() - td
                 totals["verify_time_s"] += step_s
@@ -299,14 +344,11 @@ class SpeculativeDecoder:
                     rows.accepted[s] += 1
                     rows.emit(s, [nx[i]])
                 continue
-            # The head's context: the prompt (once), then the plain steps since the last tree. A one-off cost of
-            # switching, so it counts as draft time but not in the tree's round time the policy measures.
-            if prompt:
-                root_out = self._head_prefill(hcache, *prompt)
-                prompt = None
-            if pending_tok:
-                root_out = self._catch_up(hcache, torch.stack(pending_tok, 1), torch.stack(pending_feat, 1))
-                pending_tok, pending_feat = [], []
+            # Reading the unread pairs is a one-off cost of joining or switching, so it counts as draft time but not
+            # in the tree's round time the policy measures.
+            if any(unread):
+                root_out = self._catch_up(hcache, unread, root_out)
+                unread = [[] for _ in range(n)]
             tc = time.perf_counter()
             switch_s = tc - td
             totals["draft_time_s"] += switch_s
@@ -314,7 +356,7 @@ class SpeculativeDecoder:
             tree = draft_tree(head, embed, root, root_out, hcache, *shape)
             tv = time.perf_counter()
             logits, feats = self.model(tree.tokens, cache.lens[:, None] + tree.depth, cache, tree.mask)
-            if sampling["temperature"] == 0:
+            if greedy:
                 acc = verify_greedy(tree, logits, self.threshold)
             else:
                 probs = warp(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
@@ -327,10 +369,10 @@ class SpeculativeDecoder:
             emitted = torch.cat([path_tok[:, 1:], acc.bonus[:, None]], 1)
             emitted.scatter_(1, (acc.length - 1)[:, None], acc.bonus[:, None])
             pf = feats.gather(1, acc.path[..., None].expand(-1, -1, feats.shape[-1]))
-            ar = torch.arange(emitted.shape[1], device=dev)
+            ar = torch.arange(emitted.shape[1], device=root.device)
             hm = (ar[None, :, None] >= ar[None, None, :]) & (ar < acc.length[:, None])[:, None, :] | (ar[:, None] == ar)
             out = head(embed(emitted), head.fc(pf), hcache.lens[:, None] + ar, hcache, hm)
-            root_out = out[torch.arange(n, device=dev), acc.length - 1]
+            root_out = out[torch.arange(n, device=root.device), acc.length - 1]
             hcache.lens += acc.length
             root = acc.bonus
             te = time.perf_counter()
@@ -346,22 +388,23 @@ class SpeculativeDecoder:
                 totals["accept_hist"][ln[i] - 1] += 1  # rounds that emitted ln tokens
                 rows.emit(s, em[i][: ln[i]])
 
-    def _head_prefill(self, hcache, tokens, lens, feats, pos, causal, first):
-        """Run the head over the prompts: pair i is (target features at i, token i+1), and each row's last pair takes
-        the first generated token. Returns the head's output at that last pair, which drafts the first tree."""
-        B, dev = tokens.shape[0], tokens.device
-        htok = torch.cat([tokens[:, 1:], tokens[:, :1]], 1)
-        htok[torch.arange(B, device=dev), lens - 1] = first
-        out = self.head(self.model.embed_tokens(htok), self.head.fc(feats), pos, hcache, causal)
-        hcache.lens.copy_(lens)
-        return out[torch.arange(B, device=dev), lens - 1]
-
-    def _catch_up(self, hcache, tok, feat):
-        """Run the head over P pending (features, next token) pairs [n, P] after plain steps; returns its output at the
-        last pair, which drafts the next tree."""
-        n, P = tok.shape
-        mask = torch.ones(P, P, dtype=torch.bool, device=tok.device).tril().expand(n, P, P)
-        ar = torch.arange(P, device=tok.device)
+    def _catch_up(self, hcache, unread, root_out):
+        """Run the head over each row's unread (features, next token) pairs, padded to the longest row; returns its
+        output at each row's last pair (rows with none keep root_out), which drafts the next tree."""
+        n, dev = len(unread), hcache.lens.device
+        feats = [torch.cat([f for f, _ in u]) if u else None for u in unread]
+        toks = [torch.cat([t for _, t in u]) if u else None for u in unread]
+        counts = [0 if t is None else len(t) for t in toks]
+        P, ref = max(counts), next(f for f in feats if f is not None)
+        feat = torch.zeros(n, P, ref.shape[-1], dtype=ref.dtype, device=dev)
+        tok = torch.zeros(n, P, dtype=torch.long, device=dev)
+        for i, c in enumerate(counts):
+            if c:
+                feat[i, :c], tok[i, :c] = feats[i], toks[i]
+        c = torch.tensor(counts, device=dev)
+        ar = torch.arange(P, device=dev)
+        mask = (ar[:, None] >= ar[None, :]) & (ar < c[:, None])[:, None, :] | torch.eye(P, dtype=torch.bool, device=dev)
         out = self.head(self.model.embed_tokens(tok), self.head.fc(feat), hcache.lens[:, None] + ar, hcache, mask)
-        hcache.lens += P
-        return out[:, -1]
+        hcache.lens += c
+        last = out[torch.arange(n, device=dev), (c - 1).clamp(min=0)]
+        return torch.where((c > 0)[:, None], last, root_out)

@@ -136,12 +136,19 @@ class KVCache:
             cache[:, b, :, dst] = cache[:, b, :, src_abs]
         self.lens += counts
 
+    def extend(self, other):
+        """Append other's rows (same layers, heads and max_len) after this cache's: prompts joining a running
+        batch. Returns self."""
+        self.k, self.v = torch.cat([self.k, other.k], 1), torch.cat([self.v, other.v], 1)
+        self.lens = torch.cat([self.lens, other.lens])
+        return self
+
     def keep(self, rows):
         """Keep these rows, in this order: row j becomes old row rows[j]. In place when every rows[j] >= j (in
         ascending order, or what _Rows.retire returns): a copy of the whole cache per finished row costs ~0.1 s at
         batch 32, moving the few rows that change place almost nothing."""
         order = list(rows)  # a list of ints: the checks below run in Python, with no device sync
-        idx = torch.as_tensor(order, device=self.lens.device)
+        idx = torch.as_tensor(order, dtype=torch.long, device=self.lens.device)
         if any(r < j for j, r in enumerate(order)):  # a row would be read after being overwritten
             self.k, self.v, self.lens = self.k[:, idx], self.v[:, idx], self.lens[idx]
             return

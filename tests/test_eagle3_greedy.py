@@ -141,6 +141,25 @@ def test_policy_re_measurements_stay_within_their_time_budget():
     assert pol.spent[bucket(8)][1] == pytest.approx(probes)
 
 
+def test_finished_rows_make_room_for_waiting_prompts(target):
+    """Continuous batching: speculative rows finish at different rounds, and each freed row takes the next waiting
+    prompt at once, so every round runs with batch_size rows until no prompt waits."""
+    dec = decoder_for(target, parallel_degree=2, depth=3, total_tokens=6)
+    prompts = random_prompts(12, target.config.vocab_size, seed=6)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=20, speculative=False)
+    calls, forward = [], dec.model.forward
+    def spy(tokens, positions, cache, tree_mask, logits_at=None):  # noqa: E306
+        calls.append((tokens.shape[0], logits_at is not None))  # prefills of joining prompts pass logits_at
+        return forward(tokens, positions, cache, tree_mask, logits_at)
+    dec.model.forward = spy
+    spec = dec.generate_ids(prompts, max_new_tokens=20, batch_size=4)
+    del dec.model.forward
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    joins = [i for i, (_, prefill) in enumerate(calls) if prefill]
+    assert sum(calls[i][0] for i in joins) == 12 and len(joins) > 3  # prompts joined a few at a time, not in 3 chunks
+    assert all(rows == 4 for rows, prefill in calls[: joins[-1]] if not prefill)
+
+
 def test_vanilla_batched_matches_unbatched(target):
     dec = decoder_for(target)
     prompts = random_prompts(20, target.config.vocab_size, seed=3)
