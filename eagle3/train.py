@@ -228,6 +228,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output directory for the head (EAGLE-3 layout)")
     ap.add_argument("--data", help="self-distillation data directory (default: data/<target name>)")
     ap.add_argument("--prompts", type=int, default=TRAINING_PROMPTS, help="number of training prompts to answer")
+    ap.add_argument("--skip-prompts", type=int, default=0,
+                    help="skip the first K built-in prompts (fresh data for a fine-tune with --init-from)")
     ap.add_argument("--prompts-file", help="JSONL with a 'prompt' per line instead of the built-in prompt set")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--gen-batch", type=int, default=24)
@@ -245,7 +247,7 @@ def main(argv=None):
         if a.prompts_file:
             prompts = [json.loads(line)["prompt"] for line in open(a.prompts_file) if line.strip()]
         else:
-            prompts = [p["prompt"] for p in training_prompts(a.prompts)]
+            prompts = [p["prompt"] for p in training_prompts(a.skip_prompts + a.prompts)[a.skip_prompts:]]
         generate_dataset(target, prompts, data, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch)
     seqs = load_dataset(data)
     print(f"{len(seqs)} sequences, {sum(len(s['tokens']) for s in seqs)} tokens", flush=True)
