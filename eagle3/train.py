@@ -241,6 +241,8 @@ def main(argv=None):
     ap.add_argument("--init-from", help="start from this saved head (fine-tune) instead of the target's readout; "
                     "lm_head rows of tokens both vocabularies share are kept")
     a = ap.parse_args(argv)
+    if a.skip_prompts < 0 or a.prompts < 1:
+        ap.error("--skip-prompts must be >= 0 and --prompts >= 1")
     target = load_target(a.target)
     data = Path(a.data or Path("data") / target.name)
     if not (data / "meta.json").exists():

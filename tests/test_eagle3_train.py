@@ -7,7 +7,7 @@ from eagle3 import Eagle3Head, HeadConfig, SpeculativeDecoder, load_target
 from eagle3.data import answer_batch
 from eagle3.decoder import default_head_path
 from eagle3.prompts import heldout_prompts
-from eagle3.train import draft_vocab_from_data, init_head, train, ttt_loss
+from eagle3.train import draft_vocab_from_data, init_head, main, train, ttt_loss
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +113,10 @@ def test_shipped_head_beats_untrained_on_default_target():
     assert [r.token_ids for r in a] == [r.token_ids for r in van]
     assert shipped.last_stats["accept_length"] > 1.8
     assert shipped.last_stats["accept_length"] > untrained.last_stats["accept_length"] + 0.7
+
+
+@pytest.mark.parametrize("bad", [["--skip-prompts", "-1"], ["--prompts", "0"]])
+def test_cli_rejects_bad_prompt_counts_before_loading(bad, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "h"), *bad])
+    assert e.value.code == 2 and "--skip-prompts must be >= 0" in capsys.readouterr().err
