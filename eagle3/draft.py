@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
-from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, pack_linears
+from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, pack_linears
 
 
 @dataclass
@@ -67,13 +67,14 @@ class HeadAttention(nn.Module):
 
     def forward(self, x, positions, rope, cache, slots, mask):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.hq, self.d).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)
+        dt = cache.dtype  # attention runs in the cache's dtype, as the target's does (layers.cache_dtype)
+        q = self.q_proj(x).to(dt).view(B, T, self.hq, self.d).transpose(1, 2)
+        k = self.k_proj(x).to(dt).view(B, T, self.hkv, self.d).transpose(1, 2)
+        v = self.v_proj(x).to(dt).view(B, T, self.hkv, self.d).transpose(1, 2)
         q, k = rope(q, k, positions)
         cache.write(0, k, v, slots)
         kk, vv = cache.view(0, mask.shape[-1])
-        return self.o_proj(attend(q, kk, vv, mask).transpose(1, 2).reshape(B, T, -1))
+        return self.o_proj(attend(q, kk, vv, mask).transpose(1, 2).reshape(B, T, -1).to(x.dtype))
 
 
 class MidLayer(nn.Module):
@@ -128,7 +129,7 @@ class Eagle3Head(nn.Module):
 
     def new_cache(self, batch, max_len):
         c, w = self.config, self.fc.weight
-        return KVCache(1, batch, c.num_key_value_heads, max_len, c.head_dim, w.dtype, w.device)
+        return KVCache(1, batch, c.num_key_value_heads, max_len, c.head_dim, cache_dtype(w), w.device)
 
     def save_pretrained(self, path, dtype=torch.float16):
         path = Path(path)

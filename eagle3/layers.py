@@ -9,17 +9,23 @@ def _can_pack(w: torch.Tensor) -> bool:
 
 
 class Linear(nn.Module):
-    """nn.Linear with an optional oneDNN-prepacked weight for CPU inference.
+    """nn.Linear with optional inference layouts for the CPU.
 
-    torch's default CPU GEMM (MKL) is 3-4x slower than oneDNN for the small row counts (1-32) that decoding and
-    tree verification produce on AMD CPUs (see CPU-PERF-NOTES.md); a prepacked weight makes verifying 8-16 tree
-    tokens cost about as much as decoding one. Packing is inference-only (no autograd through the packed op)."""
+    - oneDNN-prepacked dense weight: torch's default CPU GEMM (MKL) is 3-4x slower than oneDNN for the small row
+      counts (1-32) that decoding and tree verification produce (CPU-PERF-NOTES.md).
+    - int4 weight-only (groups of 32, one scale and zero each, as the GGUF's Q4_1 blocks): a quarter of bf16's bytes
+      to stream per step. Used at every row count once set, although oneDNN's dense bf16 kernel is ~15% faster from
+      ~16 rows on: the int4 kernel gives each row the same bits however many rows share the call, and oneDNN's does
+      not (its K=1536 down projection rounds differently at 1 and 64 rows), which in bf16 is enough to make a
+      speculative decode drift from a plain one. The dense weight is set to the same values (training, fallback).
+    Both are inference-only (no autograd through them)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._packed = None
+        self._int4 = None  # (packed weight, scales_and_zeros, group size)
 
     def pack(self):
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None) if _can_pack(self.weight) else None
@@ -27,11 +33,37 @@ class Linear(nn.Module):
     def unpack(self):
         self._packed = None
 
+    def set_int4(self, q, scale, zero, group=32):
+        """Weight := (q - 8) * scale + zero per group of `group` inputs; q [out, in] in 0..15, scale/zero [out, in/group].
+        Also rewrites the dense weight (and its packed copy) to those values."""
+        dev, dt = self.weight.device, self.weight.dtype
+        scale, zero = scale.to(dt).float(), zero.to(dt).float()  # rounded as the kernel stores them
+        dense = (q.float() - 8).view(q.shape[0], -1, group) * scale[..., None] + zero[..., None]
+        self.weight.data = dense.view(q.shape).to(device=dev, dtype=dt)
+        if int4_supported(self.weight):
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+            sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dt)  # [in/group, out, 2]
+            self._int4 = (packed.to(dev), sz.to(dev), group)
+        if self._packed is not None:
+            self.pack()
+
     def forward(self, x):
-        if self._packed is not None and not torch.is_grad_enabled():
-            b = None if self.bias is None else self.bias.detach()
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, b, "none", [], "")
+        if torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        x = x.to(self.weight.dtype)  # the residual stream may be wider than the weights (fp32 vs bf16 on a CPU)
+        if self._int4 is not None:
+            packed, sz, group = self._int4
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), packed, group, sz)
+            y = y.view(*x.shape[:-1], -1)
+            return y if self.bias is None else y + self.bias
+        if self._packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+def int4_supported(w: torch.Tensor) -> bool:
+    """The CPU int4 kernel has a fast path only for bf16 activations (fp32 ones are 10-100x slower)."""
+    return w.device.type == "cpu" and w.dtype == torch.bfloat16
 
 
 def pack_linears(module, on=True):
@@ -49,8 +81,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        var = x.pow(2).mean(-1, keepdim=True)
-        return x * torch.rsqrt(var + self.eps) * self.weight
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class Rope(nn.Module):
@@ -66,9 +97,16 @@ class Rope(nn.Module):
 
     def forward(self, q, k, positions):
         """q, k: [B, H, T, D]; positions: [B, T]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        cos, sin = self.table(positions, q.dtype)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
+
+    def table(self, positions, dtype):
+        """cos, sin [B, 1, T, D] for positions [B, T]: looked up once per forward, shared by all layers."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+
+def rotate(x, cos, sin):
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x):
@@ -77,14 +115,24 @@ def _rotate_half(x):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int):
+    """SwiGLU. fused: gate and up projections in one matmul (gate_up), one GEMM call instead of two on the hot path;
+    the draft head keeps them apart, as the EAGLE-3 checkpoint layout has them."""
+
+    def __init__(self, hidden: int, inter: int, fused: bool = False):
         super().__init__()
-        self.gate_proj = Linear(hidden, inter)
-        self.up_proj = Linear(hidden, inter)
+        if fused:
+            self.gate_up = Linear(hidden, 2 * inter)
+        else:
+            self.gate_proj = Linear(hidden, inter)
+            self.up_proj = Linear(hidden, inter)
         self.down_proj = Linear(inter, hidden)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if hasattr(self, "gate_up"):
+            gate, up = self.gate_up(x).chunk(2, -1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class KVCache:
@@ -102,6 +150,10 @@ class KVCache:
     @property
     def max_len(self):
         return self.k.shape[3]
+
+    @property
+    def dtype(self):
+        return self.k.dtype
 
     def slots(self, offset, T):
         """Where T new tokens go: slots lens[b] + offset + 0..T-1. A plain slice when every row starts at the same
@@ -158,6 +210,23 @@ class KVCache:
                 self.v[:, j].copy_(self.v[:, r])
         n = len(order)
         self.k, self.v, self.lens = self.k[:, :n], self.v[:, :n], self.lens[idx]
+
+
+def stream_dtype(weight: torch.Tensor):
+    """The residual stream's and norms' dtype: fp32 on a CPU with bf16 weights (bf16 norms are slower there, and fp32
+    keeps the sum of 30 layers closer to the reference), the weights' own dtype elsewhere."""
+    return torch.float32 if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 else weight.dtype
+
+
+def cache_dtype(weight: torch.Tensor):
+    """K/V and attention dtype for a model whose weights are `weight`'s.
+
+    With bf16 weights on a CPU: float64. Every other op of a forward gives a token the same bits whether it is
+    decoded alone or verified among 16 tree nodes (the linears and norms are row-invariant there), but attention
+    sums in an order that depends on the query and key counts. In fp32 that ~1e-7 difference would flip bf16 roundings
+    downstream and make speculative output drift from plain decoding; in float64 it stays ~1e-16 and never does. (It
+    is also ~5x faster than bf16 attention on a CPU.) Elsewhere the weights' own dtype."""
+    return torch.float64 if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 else weight.dtype
 
 
 def attention_mask(lens, tree_mask, total_len):

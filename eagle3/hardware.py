@@ -1,0 +1,60 @@
+"""What this machine can do, detected at run time: the engine's dtype follows the hardware, never a hard-coded guess.
+
+bf16 pays on a CPU only with native bf16 dot products (AVX512-BF16 or AMX): oneDNN's packed bf16 linears are then
+1.3-3.3x faster than fp32 ones, while on an AVX2-only CPU bf16 is emulated and slower (CPU-PERF-NOTES.md)."""
+import os
+import platform
+from functools import lru_cache
+
+import torch
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_bf16() -> bool:
+    return any(f in cpu_flags() for f in _BF16_FLAGS)
+
+
+def parse_dtype(value) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and value.lower() in DTYPES:
+        return DTYPES[value.lower()]
+    raise ValueError(f"dtype: {value!r} is not one of {sorted(DTYPES)}")
+
+
+def default_dtype(device) -> torch.dtype:
+    """EAGLE3_DTYPE if set; else bf16 on CUDA and on CPUs with native bf16, fp32 elsewhere."""
+    if os.environ.get("EAGLE3_DTYPE"):
+        return parse_dtype(os.environ["EAGLE3_DTYPE"])
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+
+
+def describe() -> str:
+    """One line for benchmark reports: CPU model, the ISA torch dispatches to, the flags that decide dtype, threads."""
+    flags = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in cpu_flags()]
+    model = platform.processor() or "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
+    except OSError:
+        pass
+    gpu = f", CUDA {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), "
+            f"flags {' '.join(flags) or '-'}, threads {torch.get_num_threads()}{gpu}")

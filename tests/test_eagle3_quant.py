@@ -1,0 +1,59 @@
+"""The engine's weight formats: the GGUF's Q4_1 blocks mapped to int4 exactly, rows computed the same at any row
+count, and the dtype chosen by hardware."""
+import pytest
+import torch
+
+from eagle3 import hardware
+from eagle3.layers import Linear
+from eagle3.quant import q4_1_blocks, quantize_q4
+from eagle3.target import default_gguf, load_target
+
+
+def test_q4_1_blocks_match_gguf_dequantisation():
+    from gguf import GGMLQuantizationType, GGUFReader, dequantize
+
+    t = next(t for t in GGUFReader(str(default_gguf())).tensors if t.tensor_type == GGMLQuantizationType.Q4_1)
+    q, d, m = q4_1_blocks(t.data)
+    ours = (q.view(q.shape[0], -1, 32).float() * d[..., None] + m[..., None]).view(q.shape)
+    ref = torch.from_numpy(dequantize(t.data, t.tensor_type)).float()
+    assert ours.shape == ref.shape
+    assert torch.allclose(ours, ref, atol=1e-6)
+
+
+def test_int4_weights_are_the_checkpoint_weights():
+    """The int4 mapping (q/k rows un-permuted, q/k/v and gate/up stacked) gives exactly the weights transformers'
+    own GGUF conversion gives."""
+    dense = dict(load_target(dtype="float32", int4=False).model.named_parameters())
+    mapped = load_target(dtype="float32", int4=True).model
+    for name in ("layers.0.self_attn.qkv.weight", "layers.7.mlp.gate_up.weight", "layers.29.mlp.down_proj.weight",
+                 "layers.15.self_attn.o_proj.weight"):
+        assert torch.equal(dict(mapped.named_parameters())[name], dense[name]), name
+
+
+def test_int4_linear_gives_each_row_the_same_bits_at_any_row_count():
+    torch.manual_seed(0)
+    lin = Linear(256, 96).to(torch.bfloat16)
+    lin.weight.data.normal_(0, 0.05)
+    quantize_q4(lin)
+    assert lin._int4 is not None
+    x = torch.randn(64, 256, dtype=torch.bfloat16)
+    with torch.no_grad():
+        alone = torch.cat([lin(x[i: i + 1]) for i in range(64)])
+        for m in (4, 16, 64):
+            assert torch.equal(lin(x[:m]), alone[:m])
+        dense = torch.nn.functional.linear(x.float(), lin.weight.float())
+    assert torch.allclose(alone.float(), dense, atol=0.05, rtol=0.02)
+
+
+def test_dtype_follows_the_hardware_and_the_override(monkeypatch):
+    monkeypatch.delenv("EAGLE3_DTYPE", raising=False)
+    flags = open("/proc/cpuinfo").read()
+    expect = torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+    assert hardware.default_dtype("cpu") == expect
+    monkeypatch.setenv("EAGLE3_DTYPE", "fp32")
+    assert hardware.default_dtype("cpu") == torch.float32
+    monkeypatch.setenv("EAGLE3_DTYPE", "bfloat16")
+    assert hardware.default_dtype("cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        hardware.parse_dtype("int3")
+    assert "flags" in hardware.describe()
