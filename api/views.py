@@ -22,7 +22,7 @@ from .schemas import (DEFAULT_PARAMS, GenerateOut, GenerateRequest, ItemIn, JobC
 
 bp = Blueprint("jobs", __name__)
 MAX_REPORTED_ERRORS = submission.MAX_REPORTED_ERRORS
-PARAM_ORDER = [*DEFAULT_PARAMS, "measure_baseline"]
+PARAM_ORDER = [*DEFAULT_PARAMS, "stop", "measure_baseline"]
 
 
 def state():

@@ -4,8 +4,8 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import (BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, MetaData,
-                        String, Text, UniqueConstraint, func)
+from sqlalchemy import (BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer,
+                        LargeBinary, MetaData, String, Text, UniqueConstraint, func)
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -102,7 +102,8 @@ class Item(Base):
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     idx: Mapped[int] = mapped_column(Integer)  # position in the job's input; results come back in this order
     custom_id: Mapped[str] = mapped_column(String(256))
-    prompt: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str | None] = mapped_column(Text)  # a bare prompt (one user turn) ...
+    messages: Mapped[list | None] = mapped_column(NULLABLE_JSON)  # ... or chat turns [{role, content}]
     params: Mapped[dict] = mapped_column(JSONB)  # effective decode params (job params + item overrides)
     baseline_sample: Mapped[bool] = mapped_column(Boolean, default=False)
     status: Mapped[str] = mapped_column(String(16), default="queued")
@@ -116,6 +117,7 @@ class Item(Base):
 
     __table_args__ = (
         CheckConstraint(_in("status", ITEM_STATUSES), name="status"),
+        CheckConstraint("(prompt IS NULL) <> (messages IS NULL)", name="prompt_xor_messages"),
         UniqueConstraint("job_id", "idx"),
         UniqueConstraint("job_id", "custom_id"),
         Index(None, "status", "enqueued_at"),
