@@ -33,6 +33,7 @@ def create_app(overrides: dict | None = None) -> Flask:
 
     from . import auth, metrics, ratelimit
     from .health import bp as health_bp
+    from .openai_api import bp as openai_bp
     from .openapi import bp as openapi_bp
     from .schedules import bp as schedules_bp
     from .status import bp as status_bp
@@ -49,5 +50,6 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.register_blueprint(metrics.bp)
     app.register_blueprint(status_bp)
     app.register_blueprint(openapi_bp)
+    app.register_blueprint(openai_bp)
     errors.register(app)
     return app

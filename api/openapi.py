@@ -6,6 +6,9 @@ from functools import cache
 from flask import Blueprint
 from pydantic.json_schema import models_json_schema
 
+from jobs import openai_spec
+
+from . import openai_schemas as o
 from . import schemas as s
 
 bp = Blueprint("openapi", __name__)
@@ -44,7 +47,11 @@ def spec() -> dict:
     models = [(m, "validation") for m in (s.JobCreate, s.JobOptions, s.GenerateRequest, s.ScheduleCreate,
                                           s.ScheduleUpdate)] + \
              [(m, "serialization") for m in (s.JobOut, s.JobList, s.ResultOut, s.ResultList, s.GenerateOut,
-                                             s.Problem, s.HealthOut)]
+                                             s.Problem, s.HealthOut)] + \
+             [(m, "validation") for m in (openai_spec.ChatCompletionRequest, openai_spec.CompletionRequest,
+                                          openai_spec.BatchCreate)] + \
+             [(m, "serialization") for m in (o.ChatCompletion, o.Completion, o.ModelList, o.Model, o.OpenAIError,
+                                             o.FileObject, o.FileList, o.FileDeleted, o.Batch, o.BatchList)]
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
     upload = {"type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary", "description": "JSONL, one ItemIn object per line"},
@@ -133,11 +140,48 @@ def spec() -> dict:
                                  "responses": {"303": {"description": "Signed out: to /"}}}},
             "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi", **OPEN,
                                       "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+            **openai_paths(),
         },
         "security": [{"bearer": []}],
         "components": {"schemas": top["$defs"], "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer",
                        "description": "An API key (e3k_...) from `python -m api.keys create --name NAME`."}}},
+    }
+
+
+def openai_errors(*codes: int) -> dict:
+    text = {400: "Invalid request (param names the field)", 401: "Missing, invalid or revoked API key",
+            404: "Not found (or another key's)", 409: "Conflict", 413: "Too large", 415: "Unsupported content type",
+            502: "The request failed in the worker", 503: "A dependency is unavailable",
+            504: "Timed out (the job continues)"}
+    return {str(c): {"description": text.get(c, "Too many requests"), **body("OpenAIError")}
+            for c in (*codes, 401, 429)}
+
+
+def openai_paths() -> dict:
+    """The OpenAI-compatible routes (errors in OpenAI's shape; see api/openai_api.py)."""
+    stream = {"text/event-stream": {"schema": {"type": "string", "description": "data: <chunk JSON> lines, then "
+                                               "data: [DONE]"}}}
+
+    def sync(summary, op, request, response):
+        return {"post": {"summary": summary, "operationId": op, "requestBody": {"required": True, **body(request)},
+                         "responses": {"200": {"description": "The completion (or its SSE stream with stream=true)",
+                                               "content": {"application/json": {"schema": ref(response)},
+                                                           **stream}},
+                                       **openai_errors(400, 404, 415, 502, 503, 504)}}}
+
+    return {
+        "/v1/chat/completions": sync("OpenAI chat completion (one item through the queue, top priority)",
+                                     "createChatCompletion", "ChatCompletionRequest", "ChatCompletion"),
+        "/v1/completions": sync("OpenAI completion (the prompt is one user turn, chat template applied)",
+                                "createCompletion", "CompletionRequest", "Completion"),
+        "/v1/models": {"get": {"summary": "The served model", "operationId": "listModels",
+                               "responses": {"200": {"description": "Models", **body("ModelList")},
+                                             **openai_errors()}}},
+        "/v1/models/{model}": {"get": {
+            "summary": "One model", "operationId": "getModel",
+            "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "The model", **body("Model")}, **openai_errors(404)}}},
     }
 
 
