@@ -182,6 +182,64 @@ def openai_paths() -> dict:
             "summary": "One model", "operationId": "getModel",
             "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
             "responses": {"200": {"description": "The model", **body("Model")}, **openai_errors(404)}}},
+        **files_paths(), **batches_paths(),
+    }
+
+
+def path_id(name: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def files_paths() -> dict:
+    upload = {"type": "object", "required": ["file", "purpose"], "properties": {
+        "file": {"type": "string", "format": "binary", "description": "JSONL: {custom_id, method, url, body} lines"},
+        "purpose": {"enum": ["batch"]}}}
+    page = [query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}),
+            query("after", {"type": "string"}, "a file id: the page after it"),
+            query("purpose", {"type": "string"}), query("order", {"enum": ["asc", "desc"]})]
+    content = {"description": "The file's bytes", "content": {"application/octet-stream": {
+        "schema": {"type": "string", "format": "binary"}}}}
+    return {
+        "/v1/files": {
+            "post": {"summary": "Upload a batch input file (multipart, purpose=batch)", "operationId": "createFile",
+                     "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": upload}}},
+                     "responses": {"200": {"description": "The file", **body("FileObject")},
+                                   **openai_errors(400, 413)}},
+            "get": {"summary": "The key's files (inputs and batch outputs)", "operationId": "listFiles",
+                    "parameters": page, "responses": {"200": {"description": "Files", **body("FileList")},
+                                                      **openai_errors(400)}}},
+        "/v1/files/{file_id}": {
+            "get": {"summary": "A file", "operationId": "getFile", "parameters": [path_id("file_id")],
+                    "responses": {"200": {"description": "The file", **body("FileObject")}, **openai_errors(404)}},
+            "delete": {"summary": "Delete a file", "operationId": "deleteFile", "parameters": [path_id("file_id")],
+                       "responses": {"200": {"description": "Deleted", **body("FileDeleted")},
+                                     **openai_errors(404)}}},
+        "/v1/files/{file_id}/content": {"get": {
+            "summary": "A file's content (output and error files: OpenAI's batch output lines, with an `eagle3` "
+                       "stats field in each response body)", "operationId": "getFileContent",
+            "parameters": [path_id("file_id")], "responses": {"200": content, **openai_errors(404)}}},
+    }
+
+
+def batches_paths() -> dict:
+    batch = {"200": {"description": "The batch", **body("Batch")}}
+    return {
+        "/v1/batches": {
+            "post": {"summary": "Create a batch from an input file; it runs as a job", "operationId": "createBatch",
+                     "requestBody": {"required": True, **body("BatchCreate")},
+                     "responses": {**batch, **openai_errors(400, 415)}},
+            "get": {"summary": "The key's batches, newest first", "operationId": "listBatches",
+                    "parameters": [query("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
+                                   query("after", {"type": "string"}, "a batch id: the page after it")],
+                    "responses": {"200": {"description": "Batches", **body("BatchList")}, **openai_errors(400)}}},
+        "/v1/batches/{batch_id}": {"get": {
+            "summary": "A batch: status, request_counts, usage, timestamps, errors, output/error file ids",
+            "operationId": "getBatch", "parameters": [path_id("batch_id")],
+            "responses": {**batch, **openai_errors(404)}}},
+        "/v1/batches/{batch_id}/cancel": {"post": {
+            "summary": "Cancel: queued requests do not run; finished ones stay in the output file",
+            "operationId": "cancelBatch", "parameters": [path_id("batch_id")],
+            "responses": {**batch, **openai_errors(404, 409)}}},
     }
 
 

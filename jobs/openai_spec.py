@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from .spec import DecodeOverrides, ItemIn, Message, Strict, Text
+from .spec import DecodeOverrides, ItemIn, Message, Strict, Text, metadata_limits
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
@@ -88,7 +88,11 @@ class BatchCreate(Strict):
     endpoint: Literal["/v1/chat/completions", "/v1/completions"]
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = Field(None, description="Up to 16 keys (64 chars), values 512 chars.")
-    output_expires_after: dict | None = Field(None, description="Accepted, not used: files are kept.")
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value):
+        return metadata_limits(value)
 
 
 class BatchListQuery(Strict):

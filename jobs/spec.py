@@ -121,6 +121,20 @@ class ItemIn(DecodeOverrides):
         return None if self.messages is None else [m.turn() for m in self.messages]
 
 
+def metadata_limits(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's metadata limits: 16 keys of 64 characters, values of 512."""
+    if value is None:
+        return value
+    if len(value) > 16:
+        raise ValueError("at most 16 keys")
+    for key, item in value.items():
+        if len(key) > 64 or len(item) > 512:
+            raise ValueError(f"key {key[:64]!r}: keys are at most 64 characters, values 512")
+        if "\x00" in key or "\x00" in item:
+            raise ValueError(f"key {key[:64]!r}: keys and values must not contain NUL (U+0000) characters")
+    return value
+
+
 class JobCreate(Strict):
     type: JobType = "generation"
     items: list[ItemIn] = Field(min_length=1)
@@ -131,14 +145,7 @@ class JobCreate(Strict):
     @field_validator("metadata")
     @classmethod
     def _metadata_limits(cls, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > 16:
-            raise ValueError("at most 16 keys")
-        for key, item in value.items():
-            if len(key) > 64 or len(item) > 512:
-                raise ValueError(f"key {key[:64]!r}: keys are at most 64 characters, values 512")
-            if "\x00" in key or "\x00" in item:
-                raise ValueError(f"key {key[:64]!r}: keys and values must not contain NUL (U+0000) characters")
-        return value
+        return metadata_limits(value)
 
 
 class JobOptions(Strict):

@@ -131,6 +131,15 @@ def active_items(session: Session, api_key_id: int) -> int:
                           .where(Job.api_key_id == api_key_id, Item.status.in_(("queued", "running")))) or 0
 
 
+def check_quota(session: Session, api_key_id: int, adding: int, limit: int) -> None:
+    """Raise QuotaExceeded if `adding` more items would pass the key's limit of queued + running items."""
+    # The key's row lock serializes its submissions, so two concurrent ones cannot both pass the limit.
+    session.execute(select(ApiKey.id).where(ApiKey.id == api_key_id).with_for_update())
+    active = active_items(session, api_key_id)
+    if active + adding > limit:
+        raise QuotaExceeded(active, adding, limit)
+
+
 def submit(Session, celery, settings: Settings, job_in: JobCreate, prepared: list[tuple[str, dict]], *,
            api_key_id: int, idempotency_key: str | None = None, max_active_items: int | None = None
            ) -> tuple[Job, bool]:
@@ -148,11 +157,7 @@ def submit(Session, celery, settings: Settings, job_in: JobCreate, prepared: lis
         replayed = job is not None
         if job is None:
             if max_active_items is not None:
-                # The key's row lock serializes its submissions, so two concurrent ones cannot both pass the limit.
-                session.execute(select(ApiKey.id).where(ApiKey.id == api_key_id).with_for_update())
-                active = active_items(session, api_key_id)
-                if active + len(job_in.items) > max_active_items:
-                    raise QuotaExceeded(active, len(job_in.items), max_active_items)
+                check_quota(session, api_key_id, len(job_in.items), max_active_items)
             job = create(session, job_in, prepared, settings, api_key_id=api_key_id,
                          idempotency_key=idempotency_key)
             try:
