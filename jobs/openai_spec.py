@@ -34,11 +34,7 @@ class OpenAIRequest(DecodeOverrides):
 
     @model_validator(mode="after")
     def _max_completion_tokens_alias(self):
-        if self.max_completion_tokens is not None:
-            if self.max_new_tokens is not None and self.max_new_tokens != self.max_completion_tokens:
-                raise ValueError("max_completion_tokens, max_tokens and max_new_tokens are one limit: give one")
-            self.max_new_tokens, self.max_completion_tokens = self.max_completion_tokens, None
-        return self
+        return self.fold_into_max_new_tokens("max_completion_tokens")
 
     def decode_fields(self) -> dict:
         """The item's decode overrides (the OpenAI-only fields dropped)."""

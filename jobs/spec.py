@@ -62,10 +62,16 @@ class DecodeOverrides(Strict):
 
     @model_validator(mode="after")
     def _max_tokens_alias(self):
-        if self.max_tokens is not None:
-            if self.max_new_tokens is not None and self.max_new_tokens != self.max_tokens:
-                raise ValueError("max_tokens is an alias of max_new_tokens: give one of them")
-            self.max_new_tokens, self.max_tokens = self.max_tokens, None
+        return self.fold_into_max_new_tokens("max_tokens")
+
+    def fold_into_max_new_tokens(self, alias: str):
+        """Another name of the token limit: moved into max_new_tokens (a different value in both is an error)."""
+        value = getattr(self, alias)
+        if value is not None:
+            if self.max_new_tokens is not None and self.max_new_tokens != value:
+                raise ValueError(f"{alias} and max_new_tokens are one limit: give one of them")
+            self.max_new_tokens = value
+            setattr(self, alias, None)
         return self
 
 

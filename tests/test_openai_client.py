@@ -2,13 +2,15 @@
 server, with the real worker decoding: models, chat (plain and streamed), completions, the client's exception
 classes, and (below) files and batches."""
 import json
-import threading
 import time
+from datetime import timedelta
 
 import openai
 import pytest
-from conftest import make_key
-from werkzeug.serving import make_server
+from conftest import make_key, serving
+from sqlalchemy import func, update
+
+from jobs.models import Batch, File
 
 MODEL = "tiny"  # EAGLE3_TARGET of the test session
 SYSTEM = {"role": "system", "content": "You are terse."}
@@ -17,12 +19,8 @@ FINAL = ("completed", "failed", "expired", "cancelled")
 
 @pytest.fixture(scope="module")
 def base_url(app):
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
-    server.shutdown()
-    thread.join(10)
+    with serving(app) as url:
+        yield url + "/v1"
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +276,32 @@ def test_listing_and_another_keys_404(oai, base_url, worker):
     with pytest.raises(openai.NotFoundError):
         oai.files.retrieve(made[0].input_file_id)
     assert oai.batches.retrieve(made[0].id).status == "completed"  # the batch outlives its input file
+
+
+def test_expiry_cancels_what_is_left_and_keeps_the_rest(oai, app, worker):
+    """A batch past its 24 h window (moved into the past here) ends `expired`: finished requests in the output
+    file, the others in the error file as batch_expired. Output files past their retention are gone."""
+    lines = [chat_line(f"e-{i}", [{"role": "user", "content": f"Another long story {i}."}], max_tokens=48)
+             for i in range(48)]
+    file = oai.files.create(file=("expire.jsonl", jsonl(lines)), purpose="batch")
+    batch = oai.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while oai.batches.retrieve(batch.id).request_counts.completed == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    Session = app.extensions["jobs"].Session
+    with Session.begin() as session:
+        session.execute(update(Batch).where(Batch.id == batch.id).values(expires_at=func.now() - timedelta(seconds=1)))
+    batch = wait_batch(oai, batch.id, until=("expired",))
+    counts = batch.request_counts
+    assert batch.expired_at and batch.cancelled_at is None and 0 < counts.completed < 48
+    assert counts.completed + counts.failed == 48
+    out, errors = read_lines(oai, batch.output_file_id), read_lines(oai, batch.error_file_id)
+    assert len(out) == counts.completed and set(out) | set(errors) == {line["custom_id"] for line in lines}
+    assert {line["error"]["code"] for line in errors.values()} == {"batch_expired"}
+
+    with Session.begin() as session:
+        session.execute(update(File).where(File.id == batch.output_file_id).values(expires_at=func.now()))
+    with pytest.raises(openai.NotFoundError):
+        oai.files.content(batch.output_file_id)
+    assert batch.output_file_id not in [f.id for f in oai.files.list()]
