@@ -53,6 +53,12 @@ def keyset_page(session, model, statement, query, descending: bool = True) -> di
             "last_id": page[-1].id if page else None, "has_more": len(rows) > query.limit}
 
 
+def storable_name(filename: str | None) -> str:
+    """The upload's file name as Postgres can store it (no NUL, no lone surrogate), at most 256 characters."""
+    name = (filename or "input.jsonl").replace("\x00", "").encode("utf-8", "replace").decode()
+    return name[:256] or "input.jsonl"
+
+
 @bp.post("/v1/files")
 def upload_file():
     upload = request.files.get("file") if request.mimetype == "multipart/form-data" else None
@@ -64,7 +70,7 @@ def upload_file():
                         "type": "value_error"}], 400)
     content = upload.read()
     file = File(id=new_id("file-"), api_key_id=auth.key_id(), purpose="batch", bytes=len(content),
-                filename=(upload.filename or "input.jsonl")[:256].replace("\x00", ""), content=content)
+                filename=storable_name(upload.filename), content=content)
     with state().Session() as session:
         session.add(file)
         session.commit()

@@ -25,7 +25,7 @@ from .models import Batch, File, Item, ItemResult, Job
 from .openai_format import model_id, response_body
 from .openai_spec import REQUESTS, BatchLine
 from .queue import BROKER_ERRORS, enqueue_unsent
-from .spec import ItemIn, JobCreate
+from .spec import ItemIn, JobCreate, check_text
 
 WINDOW = timedelta(hours=24)
 OUTPUT_RETENTION = timedelta(days=30)  # output and error files are deleted after this
@@ -65,13 +65,23 @@ def param_of(exc: ValidationError, prefix: str = "") -> tuple[str | None, str]:
     return (prefix + loc if loc else prefix.rstrip(".") or None), first["msg"]
 
 
+def storable_id(value) -> str | None:
+    """A custom_id as it may be echoed in the error file (Postgres cannot store NUL or a lone surrogate)."""
+    if not isinstance(value, str) or len(value) > 256:
+        return None
+    try:
+        return check_text(value)
+    except ValueError:
+        return None
+
+
 def parse_line(raw: bytes, number: int, endpoint: str, model: str) -> ItemIn | dict:
     """An input line as a job item, or its line error."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         return line_error(number, None, "invalid_json", f"not valid JSON ({exc.__class__.__name__})")
-    custom_id = data.get("custom_id") if isinstance(data, dict) and isinstance(data.get("custom_id"), str) else None
+    custom_id = storable_id(data.get("custom_id")) if isinstance(data, dict) else None
     try:
         line = BatchLine.model_validate(data)
     except ValidationError as exc:

@@ -12,7 +12,7 @@ from .models import JOB_TYPES
 JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
 
 
-def _no_nul(value: str) -> str:
+def check_text(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL (U+0000) characters")
     try:  # pydantic lets a lone surrogate (JSON "\ud800") through where the type is a union, e.g. `Text | None`
@@ -23,7 +23,7 @@ def _no_nul(value: str) -> str:
 
 
 # A string Postgres can store: text and JSONB cannot hold NUL.
-Text = Annotated[str, AfterValidator(_no_nul)]
+Text = Annotated[str, AfterValidator(check_text)]
 Stop = Annotated[Text, Field(min_length=1, max_length=256)]
 # Item positions (items.idx) are 32-bit integers in Postgres.
 INT32_MAX = 2**31 - 1
