@@ -5,6 +5,8 @@ first submission that needs it, and never imports eagle3 or torch.
 """
 from __future__ import annotations
 
+from jinja2.exceptions import TemplateError
+
 from jobs import review, tokenizer
 
 # SpeculativeDecoder's default tree depth (eagle3/decoder.py; the workers build their decoders with it). A test
@@ -29,7 +31,10 @@ def too_long(target_name: str, job_type: str, prompt: str | None, max_new_tokens
     the decoder applies, so an item accepted here is never rejected by the worker for its length."""
     chat = tokenizer.load(target_name)
     turns = tokenizer.turns(None if prompt is None else prompt_for(job_type, prompt), messages)
-    n, context = len(chat.encode_messages(turns)), chat.max_context
+    try:
+        n, context = len(chat.encode_messages(turns)), chat.max_context
+    except TemplateError as exc:  # e.g. a template that requires alternating user/assistant turns
+        return f"the model's chat template refuses these messages: {exc}"
     if n + max_new_tokens > context:
         return (f"the prompt is {n} tokens; with max_new_tokens={max_new_tokens} it exceeds the model's context "
                 f"of {context} tokens")

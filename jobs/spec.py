@@ -92,8 +92,9 @@ class Message(Strict):
     name: str | None = Field(None, max_length=64, description="Accepted for compatibility; not shown to the model.")
 
     def turn(self) -> dict:
+        """{role, content} as chat templates take it: OpenAI's `developer` is the system turn."""
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": self.role, "content": text}
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
 class ItemIn(DecodeOverrides):

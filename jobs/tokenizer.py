@@ -17,7 +17,6 @@ from pathlib import Path
 
 DEFAULT_TARGET = "smollm2-135m-instruct"  # eagle3.target.DEFAULT_TARGET (not imported: it pulls in torch)
 TINY_CONTEXT = 1024  # eagle3.target.tiny_config(): max_position_embeddings of the random test model
-ROLES = ("system", "developer", "user", "assistant")
 
 
 def turns(prompt: str | None, messages: list[dict] | None) -> list[dict]:
@@ -31,7 +30,7 @@ class ByteChat:
     Assistant: "). One user message gives exactly eagle3's ByteTokenizer.encode_chat."""
 
     bos = 256
-    labels = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
+    labels = {"system": "System", "user": "User", "assistant": "Assistant"}
 
     def __init__(self):
         self.max_context = TINY_CONTEXT

@@ -132,3 +132,20 @@ def test_the_api_process_never_imports_torch(api_key, target):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"status": 202, "torch": False, "eagle3": False}
+
+
+def test_developer_is_the_system_turn_and_a_refusing_template_is_an_error(tmp_path):
+    from jobs.spec import ItemIn
+
+    item = ItemIn(messages=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert item.turns()[0] == {"role": "system", "content": "Be brief."}
+
+    source = tokenizer.model_dir("smollm2-135m-instruct")  # a model directory whose template refuses two users
+    for name in ("tokenizer.json", "config.json"):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]['role'] %}"
+        "{{ raise_exception('Conversation roles must alternate') }}{% endif %}{{ m['content'] }}{% endfor %}")}))
+    twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    assert "roles must alternate" in limits.too_long(str(tmp_path), "generation", None, 1, twice)
+    assert limits.too_long(str(tmp_path), "generation", None, 1, twice[:1]) is None
