@@ -224,15 +224,21 @@ def test_batch_that_cannot_run_fails_with_line_numbers(oai):
         oai.files.create(file=("x.jsonl", b"{}"), purpose="fine-tune")
 
 
-def test_cancel_keeps_partial_results(oai, worker):
-    lines = [chat_line(f"c-{i}", [{"role": "user", "content": f"Write a long story number {i}."}], max_tokens=48)
+def running_batch(oai, prefix: str):
+    """A 48-request batch (48 tokens each: several worker batches), once its first requests have finished."""
+    lines = [chat_line(f"{prefix}-{i}", [{"role": "user", "content": f"{prefix}: a long story {i}."}], max_tokens=48)
              for i in range(48)]
-    file = oai.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
+    file = oai.files.create(file=(f"{prefix}.jsonl", jsonl(lines)), purpose="batch")
     batch = oai.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + 60
     while oai.batches.retrieve(batch.id).request_counts.completed == 0:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    return batch, lines
+
+
+def test_cancel_keeps_partial_results(oai, worker):
+    batch, lines = running_batch(oai, "cancel")
     cancelling = oai.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     batch = wait_batch(oai, batch.id, until=("cancelled",))
@@ -281,14 +287,7 @@ def test_listing_and_another_keys_404(oai, base_url, worker):
 def test_expiry_cancels_what_is_left_and_keeps_the_rest(oai, app, worker):
     """A batch past its 24 h window (moved into the past here) ends `expired`: finished requests in the output
     file, the others in the error file as batch_expired. Output files past their retention are gone."""
-    lines = [chat_line(f"e-{i}", [{"role": "user", "content": f"Another long story {i}."}], max_tokens=48)
-             for i in range(48)]
-    file = oai.files.create(file=("expire.jsonl", jsonl(lines)), purpose="batch")
-    batch = oai.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 60
-    while oai.batches.retrieve(batch.id).request_counts.completed == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    batch, lines = running_batch(oai, "expire")
     Session = app.extensions["jobs"].Session
     with Session.begin() as session:
         session.execute(update(Batch).where(Batch.id == batch.id).values(expires_at=func.now() - timedelta(seconds=1)))
