@@ -32,7 +32,10 @@ def create_app(overrides: dict | None = None) -> Flask:
     configure_logging()
 
     from . import auth, metrics, ratelimit
+    from .batches import bp as batches_bp
+    from .files import bp as files_bp
     from .health import bp as health_bp
+    from .openai_api import bp as openai_bp
     from .openapi import bp as openapi_bp
     from .schedules import bp as schedules_bp
     from .status import bp as status_bp
@@ -49,5 +52,8 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.register_blueprint(metrics.bp)
     app.register_blueprint(status_bp)
     app.register_blueprint(openapi_bp)
+    app.register_blueprint(openai_bp)
+    app.register_blueprint(files_bp)
+    app.register_blueprint(batches_bp)
     errors.register(app)
     return app

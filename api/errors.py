@@ -1,5 +1,5 @@
 """Every error is an RFC 9457 problem (application/problem+json): 404/405/413 from routing included, never an HTML
-page or a traceback."""
+page or a traceback. The OpenAI-compatible routes answer in OpenAI's error shape instead (`openai_error`)."""
 from __future__ import annotations
 
 import logging
@@ -48,7 +48,32 @@ def invalid(errors: list[dict], status: int = 422, title: str = "Invalid request
     return ApiError(status, title, f"{where}{first['field']}: {first['message']}", errors)
 
 
+# Routes that follow OpenAI's API: their errors take OpenAI's shape, so its clients raise their usual exceptions.
+OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/files", "/v1/batches")
+OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                409: "conflict_error", 429: "rate_limit_error"}
+
+
+def openai_route(path: str) -> bool:
+    return any(path == route or path.startswith(route + "/") for route in OPENAI_ROUTES)
+
+
+def openai_error(status: int, title: str, detail: str | None, errors, **extra):
+    """{"error": {message, type, param, code}}; an invalid field is 400 there (OpenAI's client has no 422 habit)."""
+    status = 400 if status == 422 else status
+    first = (errors or [{}])[0]
+    kind = "server_error" if status >= 500 else OPENAI_TYPES.get(status, "invalid_request_error")
+    body = {"message": detail or title, "type": kind, "param": first.get("field"),
+            "code": first.get("type") or title.lower().replace(" ", "_"),
+            **{k: v for k, v in extra.items() if v is not None}}
+    response = jsonify({"error": body})
+    response.status_code = status
+    return response
+
+
 def problem(status: int, title: str, detail: str | None = None, errors=None, **extra):
+    if openai_route(request.path):
+        return openai_error(status, title, detail, errors, **extra)
     body = {"type": "about:blank", "title": title, "status": status, "instance": request.path}
     if detail:
         body["detail"] = detail

@@ -6,6 +6,9 @@ from functools import cache
 from flask import Blueprint
 from pydantic.json_schema import models_json_schema
 
+from jobs import openai_spec
+
+from . import openai_schemas as o
 from . import schemas as s
 
 bp = Blueprint("openapi", __name__)
@@ -44,7 +47,11 @@ def spec() -> dict:
     models = [(m, "validation") for m in (s.JobCreate, s.JobOptions, s.GenerateRequest, s.ScheduleCreate,
                                           s.ScheduleUpdate)] + \
              [(m, "serialization") for m in (s.JobOut, s.JobList, s.ResultOut, s.ResultList, s.GenerateOut,
-                                             s.Problem, s.HealthOut)]
+                                             s.Problem, s.HealthOut)] + \
+             [(m, "validation") for m in (openai_spec.ChatCompletionRequest, openai_spec.CompletionRequest,
+                                          openai_spec.BatchCreate)] + \
+             [(m, "serialization") for m in (o.ChatCompletion, o.Completion, o.ModelList, o.Model, o.OpenAIError,
+                                             o.FileObject, o.FileList, o.FileDeleted, o.Batch, o.BatchList)]
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
     upload = {"type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary", "description": "JSONL, one ItemIn object per line"},
@@ -133,11 +140,106 @@ def spec() -> dict:
                                  "responses": {"303": {"description": "Signed out: to /"}}}},
             "/openapi.json": {"get": {"summary": "This document", "operationId": "openapi", **OPEN,
                                       "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+            **openai_paths(),
         },
         "security": [{"bearer": []}],
         "components": {"schemas": top["$defs"], "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer",
                        "description": "An API key (e3k_...) from `python -m api.keys create --name NAME`."}}},
+    }
+
+
+def openai_errors(*codes: int) -> dict:
+    text = {400: "Invalid request (param names the field)", 401: "Missing, invalid or revoked API key",
+            404: "Not found (or another key's)", 409: "Conflict", 413: "Too large", 415: "Unsupported content type",
+            502: "The request failed in the worker", 503: "A dependency is unavailable",
+            504: "Timed out (the job continues)"}
+    return {str(c): {"description": text.get(c, "Too many requests"), **body("OpenAIError")}
+            for c in (*codes, 401, 429)}
+
+
+def openai_paths() -> dict:
+    """The OpenAI-compatible routes (errors in OpenAI's shape; see api/openai_api.py)."""
+    stream = {"text/event-stream": {"schema": {"type": "string", "description": "data: <chunk JSON> lines, then "
+                                               "data: [DONE]"}}}
+
+    def sync(summary, op, request, response):
+        return {"post": {"summary": summary, "operationId": op, "requestBody": {"required": True, **body(request)},
+                         "responses": {"200": {"description": "The completion (or its SSE stream with stream=true)",
+                                               "content": {"application/json": {"schema": ref(response)},
+                                                           **stream}},
+                                       **openai_errors(400, 404, 415, 502, 503, 504)}}}
+
+    return {
+        "/v1/chat/completions": sync("OpenAI chat completion (one item through the queue, top priority)",
+                                     "createChatCompletion", "ChatCompletionRequest", "ChatCompletion"),
+        "/v1/completions": sync("OpenAI completion (the prompt is one user turn, chat template applied)",
+                                "createCompletion", "CompletionRequest", "Completion"),
+        "/v1/models": {"get": {"summary": "The served model", "operationId": "listModels",
+                               "responses": {"200": {"description": "Models", **body("ModelList")},
+                                             **openai_errors()}}},
+        "/v1/models/{model}": {"get": {
+            "summary": "One model", "operationId": "getModel",
+            "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "The model", **body("Model")}, **openai_errors(404)}}},
+        **files_paths(), **batches_paths(),
+    }
+
+
+def path_id(name: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def files_paths() -> dict:
+    upload = {"type": "object", "required": ["file", "purpose"], "properties": {
+        "file": {"type": "string", "format": "binary", "description": "JSONL: {custom_id, method, url, body} lines"},
+        "purpose": {"enum": ["batch"]}}}
+    page = [query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}),
+            query("after", {"type": "string"}, "a file id: the page after it"),
+            query("purpose", {"type": "string"}), query("order", {"enum": ["asc", "desc"]})]
+    content = {"description": "The file's bytes", "content": {"application/octet-stream": {
+        "schema": {"type": "string", "format": "binary"}}}}
+    return {
+        "/v1/files": {
+            "post": {"summary": "Upload a batch input file (multipart, purpose=batch)", "operationId": "createFile",
+                     "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": upload}}},
+                     "responses": {"200": {"description": "The file", **body("FileObject")},
+                                   **openai_errors(400, 413)}},
+            "get": {"summary": "The key's files (inputs and batch outputs)", "operationId": "listFiles",
+                    "parameters": page, "responses": {"200": {"description": "Files", **body("FileList")},
+                                                      **openai_errors(400)}}},
+        "/v1/files/{file_id}": {
+            "get": {"summary": "A file", "operationId": "getFile", "parameters": [path_id("file_id")],
+                    "responses": {"200": {"description": "The file", **body("FileObject")}, **openai_errors(404)}},
+            "delete": {"summary": "Delete a file", "operationId": "deleteFile", "parameters": [path_id("file_id")],
+                       "responses": {"200": {"description": "Deleted", **body("FileDeleted")},
+                                     **openai_errors(404)}}},
+        "/v1/files/{file_id}/content": {"get": {
+            "summary": "A file's content (output and error files: OpenAI's batch output lines, with an `eagle3` "
+                       "stats field in each response body)", "operationId": "getFileContent",
+            "parameters": [path_id("file_id")], "responses": {"200": content, **openai_errors(404)}}},
+    }
+
+
+def batches_paths() -> dict:
+    batch = {"200": {"description": "The batch", **body("Batch")}}
+    return {
+        "/v1/batches": {
+            "post": {"summary": "Create a batch from an input file; it runs as a job", "operationId": "createBatch",
+                     "requestBody": {"required": True, **body("BatchCreate")},
+                     "responses": {**batch, **openai_errors(400, 415)}},
+            "get": {"summary": "The key's batches, newest first", "operationId": "listBatches",
+                    "parameters": [query("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
+                                   query("after", {"type": "string"}, "a batch id: the page after it")],
+                    "responses": {"200": {"description": "Batches", **body("BatchList")}, **openai_errors(400)}}},
+        "/v1/batches/{batch_id}": {"get": {
+            "summary": "A batch: status, request_counts, usage, timestamps, errors, output/error file ids",
+            "operationId": "getBatch", "parameters": [path_id("batch_id")],
+            "responses": {**batch, **openai_errors(404)}}},
+        "/v1/batches/{batch_id}/cancel": {"post": {
+            "summary": "Cancel: queued requests do not run; finished ones stay in the output file",
+            "operationId": "cancelBatch", "parameters": [path_id("batch_id")],
+            "responses": {**batch, **openai_errors(404, 409)}}},
     }
 
 

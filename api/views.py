@@ -22,7 +22,7 @@ from .schemas import (DEFAULT_PARAMS, GenerateOut, GenerateRequest, ItemIn, JobC
 
 bp = Blueprint("jobs", __name__)
 MAX_REPORTED_ERRORS = submission.MAX_REPORTED_ERRORS
-PARAM_ORDER = [*DEFAULT_PARAMS, "measure_baseline"]
+PARAM_ORDER = [*DEFAULT_PARAMS, "stop", "measure_baseline"]
 
 
 def state():
@@ -278,26 +278,32 @@ def cancel_job(job_id: str):
         return job_out(job)
 
 
-@bp.post("/generate")
-def generate():
-    """One prompt through the same queue at top priority; waits up to GENERATE_TIMEOUT_S for the result."""
-    body = validate(GenerateRequest, json_body())
-    job_in = JobCreate(type="generation", priority=MAX_PRIORITY, metadata={"source": "generate"},
-                       items=[ItemIn(**body.model_dump())])
+def run_one(item: ItemIn, source: str) -> tuple[Job, ItemResult]:
+    """One item as a job of its own at top priority, through the same queue as every job; waits up to
+    GENERATE_TIMEOUT_S for its result (a failed item's result carries the error). Used by /generate and the
+    OpenAI-compatible sync routes."""
+    job_in = JobCreate(type="generation", priority=MAX_PRIORITY, metadata={"source": source}, items=[item])
     job, _ = store_and_enqueue(job_in, None, check_items(job_in, single=True))
     s = state()
     deadline, pause = time.monotonic() + s.settings.generate_timeout_s, 0.02
     while True:
         with s.Session() as session:
-            row = session.execute(select(Item, ItemResult).join(ItemResult).where(Item.job_id == job.id)).first()
-        if row is not None:
-            result = row[1]
-            if result.error is not None:
-                raise ApiError(502, "Generation failed", result.error, job_id=str(job.id))
-            return GenerateOut(text=result.output["text"], token_ids=result.output["token_ids"],
-                               stats=result.stats, job_id=str(job.id)).model_dump(mode="json")
+            result = session.scalar(select(ItemResult).join(Item).where(Item.job_id == job.id))
+        if result is not None:
+            return job, result
         if time.monotonic() > deadline:
             raise ApiError(504, "Timeout", f"no result within {s.settings.generate_timeout_s:g} s; the job "
                            "continues: poll GET /v1/jobs/{job_id}", job_id=str(job.id))
         time.sleep(pause)
         pause = min(pause * 1.5, 0.25)
+
+
+@bp.post("/generate")
+def generate():
+    """One prompt through the same queue at top priority; waits up to GENERATE_TIMEOUT_S for the result."""
+    body = validate(GenerateRequest, json_body())
+    job, result = run_one(ItemIn(**body.model_dump()), "generate")
+    if result.error is not None:
+        raise ApiError(502, "Generation failed", result.error, job_id=str(job.id))
+    return GenerateOut(text=result.output["text"], token_ids=result.output["token_ids"],
+                       stats=result.stats, job_id=str(job.id)).model_dump(mode="json")

@@ -49,6 +49,7 @@ class Claimed:
     params: dict
     baseline_sample: bool
     job_id: uuid.UUID | None = None
+    messages: list[dict] | None = None  # chat turns instead of `prompt`
 
 
 def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[list[Claimed], list[Outcome]]:
@@ -64,12 +65,12 @@ def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[lis
     rows = session.execute(
         update(Item).where(live, Item.attempts < max_attempts)
         .values(status="running", attempts=Item.attempts + 1, started_at=func.now())
-        .returning(Item.id, Item.job_id, Item.prompt, Item.params, Item.baseline_sample)).all()
+        .returning(Item.id, Item.job_id, Item.prompt, Item.params, Item.baseline_sample, Item.messages)).all()
     for job_id in {row.job_id for row in rows}:
         job = jobs[job_id]
         if job.status == "queued":
             job.status, job.started_at = "running", _now()
-    claimed = [Claimed(r.id, jobs[r.job_id].type, r.prompt, r.params, r.baseline_sample, r.job_id)
+    claimed = [Claimed(r.id, jobs[r.job_id].type, r.prompt, r.params, r.baseline_sample, r.job_id, r.messages)
                for r in sorted(rows, key=lambda r: r.id)]
     gave_up = [Outcome(item_id, error=f"gave up after {max_attempts} deliveries (the worker was lost each time)")
                for item_id in exhausted]

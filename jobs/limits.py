@@ -1,25 +1,23 @@
 """Prompt length vs the model's context, counted with the target's own chat template and tokenizer.
 
-An API process loads the target's tokenizer and config once (no weights), on the first submission that needs it.
+Torch-free (jobs/tokenizer.py): an API process loads the target's tokenizer and config once (no weights), on the
+first submission that needs it, and never imports eagle3 or torch.
 """
 from __future__ import annotations
 
-import inspect
-import threading
-from functools import cache
+from jinja2.exceptions import TemplateError
 
-from jobs import review
+from jobs import review, tokenizer
 
-_lock = threading.Lock()
-_targets: dict = {}
+# SpeculativeDecoder's default tree depth (eagle3/decoder.py; the workers build their decoders with it). A test
+# checks the two agree: eagle3 cannot be imported here, it pulls in torch.
+DECODER_DEPTH = 5
 
 
-def target(name: str):
-    with _lock:
-        if name not in _targets:
-            from eagle3.target import load_tokenizer
-            _targets[name] = load_tokenizer(name)
-        return _targets[name]
+def tree_headroom() -> int:
+    """Context slots the decoder keeps free past the prompt for one draft tree: it rejects a prompt of
+    max_context - depth - 2 tokens or more (eagle3/decoder.py, SpeculativeDecoder.generate_ids)."""
+    return DECODER_DEPTH + 2
 
 
 def prompt_for(job_type: str, prompt: str) -> str:
@@ -27,26 +25,21 @@ def prompt_for(job_type: str, prompt: str) -> str:
     return review.longest_prompt(prompt) if job_type == "review" else prompt
 
 
-@cache
-def tree_headroom() -> int:
-    """Context slots the decoder keeps free past the prompt for one draft tree: it rejects a prompt of
-    max_context - depth - 2 tokens or more (eagle3/decoder.py, SpeculativeDecoder.generate_ids). The workers build
-    their decoders with the default depth."""
-    from eagle3.decoder import SpeculativeDecoder
-
-    return inspect.signature(SpeculativeDecoder).parameters["depth"].default + 2
-
-
-def too_long(target_name: str, job_type: str, prompt: str, max_new_tokens: int) -> str | None:
-    """An error message if the item cannot fit in the context, else None. The same bound the decoder applies, so
-    an item accepted here is never rejected by the worker for its length."""
-    t = target(target_name)
-    n = t.count_tokens(prompt_for(job_type, prompt))
-    if n + max_new_tokens > t.max_context:
+def too_long(target_name: str, job_type: str, prompt: str | None, max_new_tokens: int,
+             messages: list[dict] | None = None) -> str | None:
+    """An error message if the item (a prompt or chat messages) cannot fit in the context, else None. The same bound
+    the decoder applies, so an item accepted here is never rejected by the worker for its length."""
+    chat = tokenizer.load(target_name)
+    turns = tokenizer.turns(None if prompt is None else prompt_for(job_type, prompt), messages)
+    try:
+        n, context = len(chat.encode_messages(turns)), chat.max_context
+    except TemplateError as exc:  # e.g. a template that requires alternating user/assistant turns
+        return f"the model's chat template refuses these messages: {exc}"
+    if n + max_new_tokens > context:
         return (f"the prompt is {n} tokens; with max_new_tokens={max_new_tokens} it exceeds the model's context "
-                f"of {t.max_context} tokens")
-    if n >= t.max_context - tree_headroom():
+                f"of {context} tokens")
+    if n >= context - tree_headroom():
         return (f"the prompt is {n} tokens; the decoder needs {tree_headroom()} of the model's context of "
-                f"{t.max_context} tokens for its draft tree, so a prompt exceeds the model's context from "
-                f"{t.max_context - tree_headroom()} tokens on")
+                f"{context} tokens for its draft tree, so a prompt exceeds the model's context from "
+                f"{context - tree_headroom()} tokens on")
     return None

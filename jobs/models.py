@@ -4,8 +4,8 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import (BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer, MetaData,
-                        String, Text, UniqueConstraint, func)
+from sqlalchemy import (BigInteger, Boolean, CheckConstraint, DateTime, Double, ForeignKey, Index, Integer,
+                        LargeBinary, MetaData, String, Text, UniqueConstraint, func)
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -102,7 +102,8 @@ class Item(Base):
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     idx: Mapped[int] = mapped_column(Integer)  # position in the job's input; results come back in this order
     custom_id: Mapped[str] = mapped_column(String(256))
-    prompt: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str | None] = mapped_column(Text)  # a bare prompt (one user turn) ...
+    messages: Mapped[list | None] = mapped_column(NULLABLE_JSON)  # ... or chat turns [{role, content}]
     params: Mapped[dict] = mapped_column(JSONB)  # effective decode params (job params + item overrides)
     baseline_sample: Mapped[bool] = mapped_column(Boolean, default=False)
     status: Mapped[str] = mapped_column(String(16), default="queued")
@@ -116,6 +117,7 @@ class Item(Base):
 
     __table_args__ = (
         CheckConstraint(_in("status", ITEM_STATUSES), name="status"),
+        CheckConstraint("(prompt IS NULL) <> (messages IS NULL)", name="prompt_xor_messages"),
         UniqueConstraint("job_id", "idx"),
         UniqueConstraint("job_id", "custom_id"),
         Index(None, "status", "enqueued_at"),
@@ -172,3 +174,53 @@ class ScheduleRun(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     __table_args__ = (UniqueConstraint("schedule_id", "due_at"),)
+
+
+FILE_PURPOSES = ("batch", "batch_output")
+
+
+class File(Base):
+    """An uploaded batch input file, or a batch's output or error file (OpenAI's /v1/files), kept in Postgres."""
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "file-<hex>"
+    api_key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"))
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(256))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # gone after this (retention)
+
+    __table_args__ = (
+        CheckConstraint(_in("purpose", FILE_PURPOSES), name="purpose"),
+        Index(None, "api_key_id", "created_at", "id"),
+    )
+
+
+class Batch(Base):
+    """An OpenAI-style batch: an input file validated into a job (one item per valid line). Its status, counts and
+    timestamps are read from the job; only what the job cannot say is kept here: the lines that could not run, the
+    expiry, and the output/error files written once the job is final."""
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "batch_<hex>"
+    api_key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"))
+    job_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))  # NULL: failed
+    endpoint: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(256))
+    input_file_id: Mapped[str] = mapped_column(String(64))  # not a foreign key: the input file may be deleted
+    completion_window: Mapped[str] = mapped_column(String(8))
+    metadata_: Mapped[dict | None] = mapped_column("metadata", NULLABLE_JSON)
+    total_requests: Mapped[int] = mapped_column(Integer)  # non-blank input lines
+    # Lines that did not become items: [{line, custom_id, code, message, param}] (they go to the error file).
+    line_errors: Mapped[list] = mapped_column(JSONB, default=list)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    failed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # validation failed: no job
+    expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finalized_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # output files written
+    output_file_id: Mapped[str | None] = mapped_column(String(64))
+    error_file_id: Mapped[str | None] = mapped_column(String(64))
+
+    __table_args__ = (Index(None, "api_key_id", "created_at", "id"),)

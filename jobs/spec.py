@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
 from .models import JOB_TYPES
 
 JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
 
 
-def _no_nul(value: str) -> str:
+def check_text(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL (U+0000) characters")
+    try:  # pydantic lets a lone surrogate (JSON "\ud800") through where the type is a union, e.g. `Text | None`
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode (a lone surrogate)") from None
     return value
 
 
 # A string Postgres can store: text and JSONB cannot hold NUL.
-Text = Annotated[str, AfterValidator(_no_nul)]
+Text = Annotated[str, AfterValidator(check_text)]
+Stop = Annotated[Text, Field(min_length=1, max_length=256)]
 # Item positions (items.idx) are 32-bit integers in Postgres.
 INT32_MAX = 2**31 - 1
 
@@ -41,6 +47,32 @@ class DecodeOverrides(Strict):
     validation_threshold: float | None = Field(
         None, gt=0.0, le=1.0, description="Verification acceptance threshold; 1.0 = lossless (default).")
     seed: int | None = Field(None, ge=0, le=2**31 - 1, description="Sampling seed (temperature > 0).")
+    max_tokens: int | None = Field(None, ge=1, description="OpenAI's name for max_new_tokens (give one of them).")
+    stop: Stop | list[Stop] | None = Field(
+        None, description="Up to 4 strings: the text ends before the first one that appears (finish_reason stop). "
+                          "Applied to the decoded text after decoding.")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value):
+        value = [value] if isinstance(value, str) else value
+        if value is not None and not 1 <= len(value) <= 4:
+            raise ValueError("1 to 4 stop strings")
+        return value
+
+    @model_validator(mode="after")
+    def _max_tokens_alias(self):
+        return self.fold_into_max_new_tokens("max_tokens")
+
+    def fold_into_max_new_tokens(self, alias: str):
+        """Another name of the token limit: moved into max_new_tokens (a different value in both is an error)."""
+        value = getattr(self, alias)
+        if value is not None:
+            if self.max_new_tokens is not None and self.max_new_tokens != value:
+                raise ValueError(f"{alias} and max_new_tokens are one limit: give one of them")
+            self.max_new_tokens = value
+            setattr(self, alias, None)
+        return self
 
 
 class JobParams(DecodeOverrides):
@@ -48,11 +80,66 @@ class JobParams(DecodeOverrides):
         False, description="Also decode a sample of the items without speculation and store the measured speedup.")
 
 
+class TextPart(Strict):
+    type: Literal["text"]
+    text: Text
+
+
+class Message(Strict):
+    """A chat turn. `content` may also be OpenAI's list of text parts (joined)."""
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[TextPart]
+    name: str | None = Field(None, max_length=64, description="Accepted for compatibility; not shown to the model.")
+
+    def turn(self) -> dict:
+        """{role, content} as chat templates take it: OpenAI's `developer` is the system turn."""
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
 class ItemIn(DecodeOverrides):
     custom_id: Text | None = Field(None, min_length=1, max_length=256,
                                   description="Your id, echoed in the results; unique within the job. "
                                               "Default: the item's position.")
-    prompt: Text = Field(min_length=1, description="generation: the user message; review: the text to judge.")
+    prompt: Text | None = Field(None, min_length=1,
+                                description="generation: the user message; review: the text to judge. "
+                                            "Give `prompt` or `messages`.")
+    messages: list[Message] | None = Field(
+        None, min_length=1, max_length=256,
+        description="generation: system/user/assistant turns, the model's chat template applied.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_required(cls, data):
+        """Neither given: `prompt` is the missing field (what a client most likely meant to send)."""
+        if isinstance(data, dict) and data.get("prompt") is None and data.get("messages") is None:
+            raise ValidationError.from_exception_data(cls.__name__, [
+                InitErrorDetails(type="missing", loc=("prompt",), input=data)])
+        return data
+
+    @model_validator(mode="after")
+    def _not_both(self):
+        if self.prompt is not None and self.messages is not None:
+            raise ValueError("give either prompt or messages, not both")
+        return self
+
+    def turns(self) -> list[dict] | None:
+        """The messages as plain {role, content} dicts (what is stored and templated), or None for a prompt."""
+        return None if self.messages is None else [m.turn() for m in self.messages]
+
+
+def metadata_limits(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's metadata limits: 16 keys of 64 characters, values of 512."""
+    if value is None:
+        return value
+    if len(value) > 16:
+        raise ValueError("at most 16 keys")
+    for key, item in value.items():
+        if len(key) > 64 or len(item) > 512:
+            raise ValueError(f"key {key[:64]!r}: keys are at most 64 characters, values 512")
+        if "\x00" in key or "\x00" in item:
+            raise ValueError(f"key {key[:64]!r}: keys and values must not contain NUL (U+0000) characters")
+    return value
 
 
 class JobCreate(Strict):
@@ -65,14 +152,7 @@ class JobCreate(Strict):
     @field_validator("metadata")
     @classmethod
     def _metadata_limits(cls, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > 16:
-            raise ValueError("at most 16 keys")
-        for key, item in value.items():
-            if len(key) > 64 or len(item) > 512:
-                raise ValueError(f"key {key[:64]!r}: keys are at most 64 characters, values 512")
-            if "\x00" in key or "\x00" in item:
-                raise ValueError(f"key {key[:64]!r}: keys and values must not contain NUL (U+0000) characters")
-        return value
+        return metadata_limits(value)
 
 
 class JobOptions(Strict):

@@ -60,7 +60,7 @@ def job_params(job: JobCreate) -> dict:
 
 def item_params(params: dict, item: ItemIn) -> dict:
     """An item's effective decode params: defaults < job params < the item's overrides."""
-    own = item.model_dump(exclude_none=True, exclude={"custom_id", "prompt"})
+    own = item.model_dump(exclude_none=True, exclude={"custom_id", "prompt", "messages"})
     return {k: v for k, v in {**params, **own}.items() if k != "measure_baseline"}
 
 
@@ -83,8 +83,13 @@ def prepare(job: JobCreate, settings: Settings, single: bool = False) -> list[tu
             errors.append({"field": ("" if single else where) + "max_new_tokens",
                            "type": "less_than_equal",
                            "message": f"at most {settings.max_new_tokens_limit} on this server"})
-        elif message := limits.too_long(settings.target, job.type, item.prompt, effective["max_new_tokens"]):
-            errors.append({"field": "prompt" if single else f"items[{i}].prompt", "type": "too_long",
+        elif job.type == "review" and item.messages is not None:
+            errors.append({"field": f"items[{i}].messages", "type": "value_error",
+                           "message": "a review item takes the text to judge as `prompt`"})
+        elif message := limits.too_long(settings.target, job.type, item.prompt, effective["max_new_tokens"],
+                                        item.turns()):
+            name = "prompt" if item.messages is None else "messages"
+            errors.append({"field": name if single else f"items[{i}].{name}", "type": "too_long",
                            "message": message})
         if len(errors) >= MAX_REPORTED_ERRORS:
             break
@@ -114,8 +119,8 @@ def create(session: Session, job_in: JobCreate, prepared: list[tuple[str, dict]]
     session.flush()
     sample = baseline_sample(len(job_in.items), settings.baseline_sample_size) if params["measure_baseline"] else set()
     session.execute(insert(Item), [
-        {"job_id": job.id, "idx": i, "custom_id": custom_id, "prompt": item.prompt, "params": effective,
-         "baseline_sample": i in sample}
+        {"job_id": job.id, "idx": i, "custom_id": custom_id, "prompt": item.prompt, "messages": item.turns(),
+         "params": effective, "baseline_sample": i in sample}
         for i, (item, (custom_id, effective)) in enumerate(zip(job_in.items, prepared))])
     return job
 
@@ -124,6 +129,15 @@ def active_items(session: Session, api_key_id: int) -> int:
     """Items of this key's jobs that are queued or running (what the max-queued-items limit counts)."""
     return session.scalar(select(func.count()).select_from(Item).join(Job)
                           .where(Job.api_key_id == api_key_id, Item.status.in_(("queued", "running")))) or 0
+
+
+def check_quota(session: Session, api_key_id: int, adding: int, limit: int) -> None:
+    """Raise QuotaExceeded if `adding` more items would pass the key's limit of queued + running items."""
+    # The key's row lock serializes its submissions, so two concurrent ones cannot both pass the limit.
+    session.execute(select(ApiKey.id).where(ApiKey.id == api_key_id).with_for_update())
+    active = active_items(session, api_key_id)
+    if active + adding > limit:
+        raise QuotaExceeded(active, adding, limit)
 
 
 def submit(Session, celery, settings: Settings, job_in: JobCreate, prepared: list[tuple[str, dict]], *,
@@ -143,11 +157,7 @@ def submit(Session, celery, settings: Settings, job_in: JobCreate, prepared: lis
         replayed = job is not None
         if job is None:
             if max_active_items is not None:
-                # The key's row lock serializes its submissions, so two concurrent ones cannot both pass the limit.
-                session.execute(select(ApiKey.id).where(ApiKey.id == api_key_id).with_for_update())
-                active = active_items(session, api_key_id)
-                if active + len(job_in.items) > max_active_items:
-                    raise QuotaExceeded(active, len(job_in.items), max_active_items)
+                check_quota(session, api_key_id, len(job_in.items), max_active_items)
             job = create(session, job_in, prepared, settings, api_key_id=api_key_id,
                          idempotency_key=idempotency_key)
             try:

@@ -6,11 +6,13 @@ helpers) agrees on the database, queue and target of this test session.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -210,6 +212,21 @@ def anon_client(app):
 
 
 # ------------------------------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def serving(app):
+    """`app` served over real HTTP on a free loopback port (threaded werkzeug server); yields its base URL."""
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(10)
+
+
 def prompts(n: int, prefix: str = "Tell me about") -> list[dict]:
     return [{"custom_id": f"item-{i}", "prompt": f"{prefix} topic {i}."} for i in range(n)]
 

@@ -144,9 +144,10 @@ def test_unknown_fields_everywhere_are_422(client):
 def test_the_context_bound_is_the_decoders(client):
     """The decoder keeps room for one draft tree past the prompt (prompt < context - depth - 2): the API applies
     the same bound, so a prompt it accepts is never refused by the worker for its length (tiny: 1024 - 7)."""
-    from jobs.limits import target
+    from jobs import tokenizer
 
-    template = target("tiny").count_tokens("")  # the chat template's tokens; one per character after that
+    # the chat template's tokens; one per character after that
+    template = len(tokenizer.load("tiny").encode_messages(tokenizer.turns("", None)))
     longest = 1024 - 7 - 1 - template
     ok = {"items": [{"prompt": "x" * longest}], "params": {"max_new_tokens": 1}}
     accepted_then_cancelled(client, client.post("/v1/jobs", json=ok))

@@ -23,7 +23,7 @@ def test_spec_schemas_are_the_validating_models(client):
     assert set(job_create["properties"]) == set(JobCreate.model_fields)
     assert job_create["required"] == ["items"] and job_create["additionalProperties"] is False
     item = schemas["ItemIn"]["properties"]
-    assert item["prompt"]["minLength"] == 1
+    assert item["prompt"]["anyOf"][0]["minLength"] == 1 and item["messages"]["anyOf"][0]["minItems"] == 1
     assert item["parallel_degree"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 16}
     refs = set(references(spec))
     assert refs and refs <= {f"#/components/schemas/{name}" for name in schemas}  # no dangling reference

@@ -14,6 +14,8 @@ does not flake); set SCHEMATHESIS_RANDOM=1 for a fresh exploration.
 """
 from __future__ import annotations
 
+import io
+import json
 import os
 
 import pytest
@@ -65,6 +67,21 @@ def known_job(fuzzed_app) -> str:
     return created["id"]
 
 
+@pytest.fixture(scope="module")
+def known_batch(fuzzed_app) -> dict:
+    """A batch input file and a batch made from it (one good line, one bad), so the {file_id} and {batch_id}
+    operations are also fuzzed on objects that exist."""
+    client = client_for(fuzzed_app)
+    line = {"custom_id": "a", "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}}
+    raw = (json.dumps(line) + "\n" + json.dumps({**line, "custom_id": "b", "url": "/nope"}) + "\n").encode()
+    file = client.post("/v1/files", data={"file": (io.BytesIO(raw), "in.jsonl"), "purpose": "batch"},
+                       content_type="multipart/form-data").get_json()
+    batch = client.post("/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+                                             "completion_window": "24h"}).get_json()
+    return {"file_id": file["id"], "batch_id": batch["id"]}
+
+
 @pytest.fixture
 def auth_headers(fuzzed_app) -> dict:
     """The headers every generated request carries: a key of the fuzzed app's private database."""
@@ -88,12 +105,14 @@ def expected_unavailable(case, response) -> bool:
 
 
 @pytest.mark.parametrize("path,method", OPERATIONS, ids=[f"{m} {p}" for p, m in OPERATIONS])
-def test_api_matches_its_spec_and_never_fails(api_schema, known_job, auth_headers, path, method):
+def test_api_matches_its_spec_and_never_fails(api_schema, known_job, known_batch, auth_headers, path, method):
     operation = api_schema[path][method]
     modes = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
     strategies = [operation.as_strategy(mode) for mode in modes]
-    if "{job_id}" in path:
-        strategies += [operation.as_strategy(mode, path_parameters={"job_id": known_job}) for mode in modes]
+    known = {"job_id": known_job, **known_batch}
+    for name, value in known.items():
+        if "{" + name + "}" in path:
+            strategies += [operation.as_strategy(mode, path_parameters={name: value}) for mode in modes]
     cases = st.one_of(strategies)
 
     @given(case=cases)

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from jobs.models import Base
 
-TABLES = {"jobs", "items", "item_results", "api_keys", "schedules", "schedule_runs"}
+TABLES = {"jobs", "items", "item_results", "api_keys", "schedules", "schedule_runs", "files", "batches"}
 
 
 @pytest.fixture

@@ -3,11 +3,9 @@ Chromium rendering it (DOM rows and a screenshot). Chromium is required: .ci/run
 import shutil
 import struct
 import subprocess
-import threading
 
 import pytest
-from conftest import RUN_ID, client_for, make_key, prompts, submit, wait_for
-from werkzeug.serving import make_server
+from conftest import RUN_ID, client_for, make_key, prompts, serving, submit, wait_for
 
 from api import create_app
 
@@ -46,12 +44,8 @@ def test_login_cookie_and_isolation(app, anon_client):
 
 @pytest.fixture
 def live_server(app):
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(10)
+    with serving(app) as url:
+        yield url
 
 
 def chromium() -> str:

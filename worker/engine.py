@@ -6,6 +6,8 @@ import logging
 import threading
 import time
 
+from jobs import tokenizer
+
 log = logging.getLogger(__name__)
 
 
@@ -17,6 +19,7 @@ class Engine:
 
         started = time.perf_counter()
         self.target = load_target(target_name)
+        self.chat = tokenizer.load(target_name)  # items -> token ids, exactly as the API counted them
         self.batch_size = batch_size
         self._decoders: dict = {}
         self._lock = threading.Lock()

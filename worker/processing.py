@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from sqlalchemy import exc as sa_exc
 
-from jobs import lifecycle, review
+from jobs import lifecycle, review, tokenizer
 from jobs.lifecycle import Claimed, Outcome
 
 from . import metrics
@@ -82,7 +82,9 @@ def decode(engine, items: list[Claimed]) -> list[Outcome]:
     A group that raises is retried one item at a time, so one bad item fails alone."""
     groups: dict[tuple, list[Claimed]] = defaultdict(list)
     for item in items:
-        groups[(item.job_type, item.baseline_sample, json.dumps(item.params, sort_keys=True))].append(item)
+        # Stop strings are applied per item after decoding, so they do not split a batch.
+        decode_params = {k: v for k, v in item.params.items() if k != "stop"}
+        groups[(item.job_type, item.baseline_sample, json.dumps(decode_params, sort_keys=True))].append(item)
     outcomes = []
     for group in groups.values():
         try:
@@ -106,33 +108,38 @@ def decode_group(engine, group: list[Claimed]) -> list[Outcome]:
         prompts = [review.rationale_prompt(item.prompt, verdict["label"]) for item, verdict in zip(group, verdicts)]
     else:
         verdicts, prompts = None, [item.prompt for item in group]
-    spec = generate(engine, decoder, prompts, params, speculative=True)
-    base = generate(engine, decoder, prompts, params, speculative=False) if group[0].baseline_sample else None
+    ids = [engine.chat.encode_messages(tokenizer.turns(prompt, item.messages)) for prompt, item in zip(prompts, group)]
+    spec = generate(engine, decoder, ids, params, speculative=True)
+    base = generate(engine, decoder, ids, params, speculative=False) if group[0].baseline_sample else None
     observe(spec, base)
     outcomes = []
     for i, item in enumerate(group):
         result, stats = spec[i]
         if verdicts is None:
-            output = {"text": storable(result.text), "token_ids": result.token_ids}
+            text, token_ids = cut_at_stop(engine.target.decode, result.text, result.token_ids,
+                                          item.params.get("stop"))
+            if len(token_ids) < len(result.token_ids) or text != result.text:
+                stats = {**stats, "finish_reason": "stop"}
+            output = {"text": storable(text), "token_ids": token_ids}
         else:
             output = {**verdicts[i], "rationale": storable(result.text)}
         outcomes.append(Outcome(item.id, output=output, stats=stats, baseline_stats=base[i][1] if base else None))
     return outcomes
 
 
-def generate(engine, decoder, prompts: list[str], params: dict, speculative: bool):
-    """decoder.generate over the prompts; each item's stats get its share of the call's wall time (by new tokens),
-    which is what job throughput is computed from."""
-    results = decoder.generate(prompts, max_new_tokens=params["max_new_tokens"], temperature=params["temperature"],
-                               top_p=params["top_p"], top_k=params["top_k"], batch_size=engine.batch_size,
-                               speculative=speculative, seed=params.get("seed"))
+def generate(engine, decoder, ids: list[list[int]], params: dict, speculative: bool):
+    """decoder.generate_ids over the prompts' token ids; each item's stats get its share of the call's wall time (by
+    new tokens), which is what job throughput is computed from, and its prompt length (usage)."""
+    results = decoder.generate_ids(ids, max_new_tokens=params["max_new_tokens"], temperature=params["temperature"],
+                                   top_p=params["top_p"], top_k=params["top_k"], batch_size=engine.batch_size,
+                                   speculative=speculative, seed=params.get("seed"))
     wall = decoder.last_stats["wall_time_s"]
     total = sum(len(r.token_ids) for r in results)
     out = []
-    for r in results:
+    for r, prompt in zip(results, ids):
         share = wall * len(r.token_ids) / total if total else wall / len(results)
-        out.append((r, {**r.stats, "finish_reason": r.finish_reason, "batch_items": len(prompts),
-                        "time_share_s": share}))
+        out.append((r, {**r.stats, "finish_reason": r.finish_reason, "batch_items": len(ids),
+                        "time_share_s": share, "prompt_tokens": len(prompt)}))
     return out
 
 
@@ -170,6 +177,19 @@ def label_of(decoder, text: str) -> dict:
     probs = [w / sum(weights) for w in weights]
     best = max(range(len(LABELS)), key=probs.__getitem__)
     return {"label": LABELS[best], "score": probs[best], "label_scores": dict(zip(LABELS, probs))}
+
+
+def cut_at_stop(decode, text: str, token_ids: list[int], stops: list[str] | None) -> tuple[str, list[int]]:
+    """The text before the first stop string that appears, and the fewest tokens whose text reaches past that stop.
+    Unchanged when no stop string appears. (The decoder does not know the stop strings, so it decodes on to
+    max_new_tokens or its end-of-turn token; only the answer is cut.)"""
+    hits = [(text.find(stop), stop) for stop in stops or () if stop in text]
+    if not hits:
+        return text, token_ids
+    at, stop = min(hits)
+    through = text[:at + len(stop)]
+    n = next((n for n in range(1, len(token_ids) + 1) if decode(token_ids[:n]).startswith(through)), len(token_ids))
+    return text[:at], token_ids[:n]
 
 
 def storable(text: str) -> str:
