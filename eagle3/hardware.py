@@ -9,7 +9,7 @@ from functools import lru_cache
 import torch
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 

@@ -85,15 +85,26 @@ class RMSNorm(nn.Module):
 
 
 class Rope(nn.Module):
-    """Rotary embedding (HF "rotate_half" convention) with a precomputed cos/sin table indexed by position."""
+    """Rotary embedding (HF "rotate_half" convention) with a precomputed cos/sin table indexed by position. The table
+    stays float32 when the model is cast to bf16: bf16 angles would be off by up to ~1e-2."""
 
     def __init__(self, head_dim: int, theta: float, max_positions: int):
         super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv)
+        self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
+        self._build(torch.device("cpu"))
+
+    def _build(self, device):
+        f64 = dict(dtype=torch.float64, device=device)
+        inv = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, **f64) / self.head_dim))
+        freqs = torch.outer(torch.arange(self.max_positions, **f64), inv)
         emb = torch.cat([freqs, freqs], -1)
         self.register_buffer("cos", emb.cos().float(), persistent=False)
         self.register_buffer("sin", emb.sin().float(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # moves the table (and may cast it) ...
+        self._build(self.cos.device)  # ... which is then rebuilt in float32 where it now lives
+        return self
 
     def forward(self, q, k, positions):
         """q, k: [B, H, T, D]; positions: [B, T]."""
