@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .adopt import as_target
 from .draft import Eagle3Head, HeadConfig
 from .policy import PLAIN, SpeculationPolicy
 from .target import Target, pad_prompts
@@ -108,6 +109,14 @@ class _Rows:
 class SpeculativeDecoder:
     """EAGLE-3 speculative decoding over a target model.
 
+    target / model (either name): a Target (load_target), a model directory or name as load_target takes, or a
+        transformers Llama / Qwen2 / Mistral model (`AutoModelForCausalLM.from_pretrained(...)`), whose weights the
+        engine takes over in the model's own dtype, so greedy output equals its generate(do_sample=False); its
+        tokenizer comes from the model's name_or_path directory, or pass `tokenizer=` (eagle3/adopt.py).
+        Other architectures and types are a ValueError.
+    draft: an Eagle3Head, a checkpoint directory, or None: the head shipped for this target under
+        models/eagle3-<name>/, else an untrained head (still lossless at threshold 1.0, just with few accepted
+        tokens, so slow).
     parallel_degree: children kept per tree node (top-k). Larger trees accept more tokens per round but make each
         verify forward and draft step dearer; on a CPU small trees win.
     depth: tree levels drafted per round (the most tokens one round can accept, plus the target's bonus token).
@@ -120,15 +129,17 @@ class SpeculativeDecoder:
         the output is no longer exactly the target's — a fidelity/speed trade-off, off by default.
     """
 
-    def __init__(self, target: Target, draft=None, parallel_degree=4, validation_threshold=1.0, depth=5,
-                 total_tokens=16, adaptive=True):
+    def __init__(self, target=None, draft=None, parallel_degree=4, validation_threshold=1.0, depth=5,
+                 total_tokens=16, adaptive=True, *, model=None, tokenizer=None):
         _require(isinstance(parallel_degree, int) and parallel_degree >= 1, "parallel_degree", "must be an integer >= 1")
         _require(isinstance(validation_threshold, (int, float)) and 0 < validation_threshold <= 1,
                  "validation_threshold", "must be in (0, 1]")
         _require(isinstance(depth, int) and depth >= 1, "depth", "must be an integer >= 1")
         _require(isinstance(total_tokens, int) and total_tokens >= 2, "total_tokens", "must be an integer >= 2")
-        self.target, self.model = target, target.model
-        self.head = resolve_head(target, draft)
+        _require((target is None) != (model is None), "model", "pass one model (as target or model), not none or both")
+        self.target = as_target(target if model is None else model, tokenizer, "target" if model is None else "model")
+        self.model = self.target.model
+        self.head = resolve_head(self.target, draft)
         self.k, self.threshold, self.depth, self.total_tokens = parallel_degree, float(validation_threshold), depth, total_tokens
         self.policy = SpeculationPolicy((parallel_degree, depth, total_tokens)) if adaptive else None
         self.last_stats = {}

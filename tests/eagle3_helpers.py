@@ -1,10 +1,12 @@
 """Small random targets for the decoder tests (float64, so fp rounding never flips an argmax)."""
+import shutil
+
 import torch
 
 from eagle3 import SpeculativeDecoder
 from eagle3.draft import Eagle3Head, HeadConfig
 from eagle3.quant import quantize_layers_q4
-from eagle3.target import ByteTokenizer, Target, random_model, tiny_config
+from eagle3.target import ByteTokenizer, Target, _default_model_dir, random_model, tiny_config
 
 
 def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512, dtype=torch.float64):
@@ -29,3 +31,22 @@ def random_prompts(n, vocab, seed=0, min_len=1, max_len=24):
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
     return [torch.randint(0, vocab, (L,), generator=g).tolist() for L in lens]
+
+
+def save_random_hf(kind, path):
+    """A small random transformers Llama / Qwen2 / Mistral causal LM (float32) saved in `path` with the default
+    model's tokenizer and chat template; returns the model."""
+    import transformers
+
+    cfg_cls, model_cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                          "mistral": ("MistralConfig", "MistralForCausalLM")}[kind]
+    cfg = getattr(transformers, cfg_cls)(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                         rope_theta=5000.0, tie_word_embeddings=(kind == "qwen2"))
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    model.save_pretrained(path)
+    source = _default_model_dir()  # converted from the embedded GGUF on first use
+    for f in [*source.glob("tokenizer*"), *source.glob("chat_template*")]:
+        shutil.copy(f, path)
+    return model

@@ -1,10 +1,9 @@
 """The target adapter computes what Hugging Face transformers computes, for the Llama, Qwen2 and Mistral layouts."""
-import shutil
-
 import pytest
 import torch
 
 from eagle3.target import DEFAULT_TARGET, cache_dir, load_target
+from eagle3_helpers import save_random_hf
 
 
 @pytest.fixture(scope="module")
@@ -12,25 +11,9 @@ def default_target():
     return load_target()  # converts the embedded GGUF once, then loads from the cache
 
 
-def _save_random_hf(kind, path, tokenizer_from):
-    import transformers
-
-    cfg_cls, model_cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-                          "mistral": ("MistralConfig", "MistralForCausalLM")}[kind]
-    cfg = getattr(transformers, cfg_cls)(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                         rope_theta=5000.0, tie_word_embeddings=(kind == "qwen2"))
-    torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(cfg).eval()
-    model.save_pretrained(path)
-    for f in tokenizer_from.glob("tokenizer*"):
-        shutil.copy(f, path)
-    return model
-
-
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
 def test_matches_transformers(kind, tmp_path, default_target):
-    ref = _save_random_hf(kind, tmp_path, cache_dir() / DEFAULT_TARGET)
+    ref = save_random_hf(kind, tmp_path)
     t = load_target(str(tmp_path), device="cpu", dtype=torch.float32)  # the same dtype as the reference
     x = torch.randint(0, 49152, (2, 11))
     with torch.no_grad():
