@@ -7,6 +7,7 @@ Workers here run with LEASE_S=3 (heartbeat every 0.75 s) on a private database, 
 (which go to the sweeping worker's queue) cannot touch another test's items."""
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -23,7 +24,8 @@ from jobs.models import Item, ItemResult, Job
 from jobs.queue import items_in_broker
 from jobs.reconcile import requeue_expired
 
-LEASE = {"LEASE_S": "3"}  # BROKER_VISIBILITY_TIMEOUT stays at its default, 7,200 s
+# BROKER_VISIBILITY_TIMEOUT stays at its default, 7,200 s. TEST_LEASE_S=60 measures recovery with the default lease.
+LEASE = {"LEASE_S": os.environ.get("TEST_LEASE_S", "3")}
 
 
 @pytest.fixture(scope="module")
