@@ -20,6 +20,24 @@ shutil.rmtree(_metrics_dir, ignore_errors=True)
 os.makedirs(_metrics_dir, exist_ok=True)
 
 
+# gunicorn answers what it rejects before the app sees it (a request line over limit_request_line: 414; headers too
+# large: 431; a malformed request: 400) with an HTML page. Write those as RFC 9457 problems, like every other error
+# of this API. The limits themselves stay: they bound what a client can make a worker read.
+import json  # noqa: E402
+
+from gunicorn import util  # noqa: E402
+
+
+def _write_problem(sock, status_int, reason, mesg):
+    body = json.dumps({"type": "about:blank", "title": reason, "status": status_int, "detail": mesg}).encode()
+    head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/problem+json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    util.write_nonblock(sock, head.encode("latin-1") + body)
+
+
+util.write_error = _write_problem
+
+
 def child_exit(server, worker):
     from prometheus_client import multiprocess
 

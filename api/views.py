@@ -210,10 +210,13 @@ def encode_cursor(job: Job) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    """The cursor encode_cursor made; anything else (any JSON at all, nested however deep) is a 422."""
     try:
-        created_at, job_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return datetime.fromisoformat(created_at), uuid.UUID(job_id)
-    except (ValueError, TypeError):
+        decoded = parse_json(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not (isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(v, str) for v in decoded)):
+            raise ValueError("not a pair of strings")
+        return datetime.fromisoformat(decoded[0]), uuid.UUID(decoded[1])
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors too
         raise invalid([{"field": "after", "message": "not a cursor this API returned", "type": "value_error"}]) \
             from None
 

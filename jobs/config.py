@@ -40,6 +40,10 @@ class Settings:
     # without persistence) and is sent again. See jobs/reconcile.py.
     reconcile_interval_s: float = field(default_factory=lambda: _env("RECONCILE_INTERVAL_S", 60.0, float))
     reconcile_after_s: float = field(default_factory=lambda: _env("RECONCILE_AFTER_S", 60.0, float))
+    # A worker leases the items it holds (prefetched or being decoded) for LEASE_S and renews the leases every
+    # LEASE_S / 4 from a heartbeat thread; at the same pace it re-sends the items whose lease expired (their worker
+    # is dead or stopped). A dead worker's items are therefore back on the queue within about 1.25 x LEASE_S.
+    lease_s: float = field(default_factory=lambda: _env("LEASE_S", 60.0, float))
     # A worker retries writing a decoded batch's results this long while Postgres is unreachable, before it hands the
     # items back to the queue (with a growing delay) instead.
     db_retry_s: float = field(default_factory=lambda: _env("DB_RETRY_S", 60.0, float))

@@ -2,9 +2,10 @@
 it touches (in id order, so concurrent workers and cancels serialize per job and never deadlock)."""
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -13,6 +14,7 @@ from sqlalchemy.orm import Session
 from .db import id_in
 from .models import Item, ItemResult, Job
 
+log = logging.getLogger(__name__)
 JOB_FINAL = ("completed", "failed", "cancelled")
 
 
@@ -52,19 +54,32 @@ class Claimed:
     messages: list[dict] | None = None  # chat turns instead of `prompt`
 
 
-def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[list[Claimed], list[Outcome]]:
-    """Mark the deliverable items running (one more attempt each) and return them.
+def _lease_free(owner: str | None):
+    """The item's lease is `owner`'s, expired, or nobody's."""
+    return (Item.lease_owner.is_(None) | (Item.lease_owner == owner) | (Item.lease_expires_at < func.now()))
+
+
+def _lease_until(lease_s: float):
+    return func.now() + timedelta(seconds=lease_s)
+
+
+def claim(session: Session, item_ids: list[int], max_attempts: int, owner: str | None = None,
+          lease_s: float = 60.0) -> tuple[list[Claimed], list[Outcome]]:
+    """Mark the deliverable items running (one more attempt each), leased to `owner` for `lease_s` (no lease without
+    an owner), and return them.
 
     Items already finished or cancelled are skipped: that is what makes redelivery and duplicate messages harmless.
-    An item delivered max_attempts times already (its batch keeps killing the worker) is failed instead.
+    So is a running item whose lease another worker still holds: it is decoding it. An item delivered max_attempts
+    times already (its batch keeps killing the worker) is failed instead.
     """
     job_ids = session.scalars(select(Item.job_id).where(id_in(Item.id, item_ids)).distinct()).all()
     jobs = lock_jobs(session, job_ids)
-    live = id_in(Item.id, item_ids) & Item.status.in_(("queued", "running"))
+    live = id_in(Item.id, item_ids) & ((Item.status == "queued") | ((Item.status == "running") & _lease_free(owner)))
     exhausted = session.scalars(select(Item.id).where(live, Item.attempts >= max_attempts)).all()  # before claiming
     rows = session.execute(
         update(Item).where(live, Item.attempts < max_attempts)
-        .values(status="running", attempts=Item.attempts + 1, started_at=func.now())
+        .values(status="running", attempts=Item.attempts + 1, started_at=func.now(), lease_owner=owner,
+                lease_expires_at=_lease_until(lease_s) if owner is not None else None)
         .returning(Item.id, Item.job_id, Item.prompt, Item.params, Item.baseline_sample, Item.messages)).all()
     for job_id in {row.job_id for row in rows}:
         job = jobs[job_id]
@@ -77,13 +92,33 @@ def claim(session: Session, item_ids: list[int], max_attempts: int) -> tuple[lis
     return claimed, gave_up
 
 
-def record(session: Session, outcomes: list[Outcome]) -> int:
-    """Write each item's result once, count it into its job and move the job on. Returns the results written."""
+def renew(session: Session, item_ids: list[int], owner: str, lease_s: float) -> int:
+    """Lease (or lease again) the unfinished items `owner` holds, unless another worker's lease on one is still
+    live. Returns the items leased."""
+    return len(session.scalars(
+        update(Item).where(id_in(Item.id, item_ids), Item.status.in_(("queued", "running")), _lease_free(owner))
+        .values(lease_owner=owner, lease_expires_at=_lease_until(lease_s)).returning(Item.id)).all())
+
+
+def record(session: Session, outcomes: list[Outcome], owner: str | None = None) -> int:
+    """Write each item's result once, count it into its job and move the job on. Returns the results written.
+
+    `owner`: a worker's results. Only items still running under its lease are written (checked under the items'
+    row locks, in this transaction); a worker that lost its lease (it was stopped past it, and the item was re-sent
+    and claimed by another) has its results discarded, so an item never gets a second decode's result."""
     if not outcomes:
         return 0
     by_id = {outcome.item_id: outcome for outcome in outcomes}
     job_of = dict(session.execute(select(Item.id, Item.job_id).where(id_in(Item.id, by_id))).all())
     jobs = lock_jobs(session, job_of.values())
+    if owner is not None:
+        mine = set(session.scalars(select(Item.id).where(id_in(Item.id, job_of), Item.status == "running",
+                                                         Item.lease_owner == owner)
+                                   .order_by(Item.id).with_for_update()).all())
+        if len(mine) < len(job_of):
+            log.warning("discarded %d results: their items' leases are no longer this worker's (%s)",
+                        len(job_of) - len(mine), owner, extra={"items": sorted(set(job_of) - mine)})
+        job_of = {item_id: job_id for item_id, job_id in job_of.items() if item_id in mine}
     rows = [{"item_id": o.item_id, "output": o.output, "error": o.error, "stats": o.stats,
              "baseline_stats": o.baseline_stats} for o in by_id.values() if o.item_id in job_of]
     if not rows:  # the items no longer exist
@@ -97,7 +132,8 @@ def record(session: Session, outcomes: list[Outcome]) -> int:
     done = [i for i in written if by_id[i].error is None]
     for status, ids in (("completed", done), ("failed", failed)):
         if ids:
-            session.execute(update(Item).where(id_in(Item.id, ids)).values(status=status, finished_at=func.now()))
+            session.execute(update(Item).where(id_in(Item.id, ids))
+                            .values(status=status, finished_at=func.now(), lease_owner=None, lease_expires_at=None))
     for job in jobs.values():
         _finish_if_done(job)
     return len(written)
@@ -145,7 +181,8 @@ def cancel(session: Session, job_id: uuid.UUID) -> Job | None:
     if job.status in ("cancelling", "cancelled"):
         return job
     cancelled = session.scalars(update(Item).where(Item.job_id == job_id, Item.status == "queued")
-                                .values(status="cancelled", finished_at=func.now()).returning(Item.id)).all()
+                                .values(status="cancelled", finished_at=func.now(), lease_owner=None,
+                                        lease_expires_at=None).returning(Item.id)).all()
     if cancelled:
         session.execute(insert(ItemResult), [{"item_id": i, "error": "cancelled before it ran"} for i in cancelled])
     job.cancelled_items += len(cancelled)

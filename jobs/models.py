@@ -111,6 +111,11 @@ class Item(Base):
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # NULL: not yet on the broker
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The worker that holds the item (its message prefetched, or the item being decoded) and until when; the worker
+    # renews it while it holds the item. Expired: the worker is dead or stopped, and the reconciler re-sends the
+    # item. Only the owner may write the item's result. NULL once the item is finished.
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     job: Mapped[Job] = relationship(back_populates="items")
     result: Mapped[ItemResult | None] = relationship(back_populates="item", passive_deletes=True)
@@ -121,6 +126,7 @@ class Item(Base):
         UniqueConstraint("job_id", "idx"),
         UniqueConstraint("job_id", "custom_id"),
         Index(None, "status", "enqueued_at"),
+        Index(None, "lease_expires_at"),
     )
 
 

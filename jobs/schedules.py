@@ -65,6 +65,10 @@ def check(schedule: ScheduleCreate, settings: Settings) -> None:
             input_path(schedule.source.path, settings)
         except ValueError as exc:
             errors.append(_error("source.path", str(exc)))
+        # The items come at run time; the template alone must already be a job this server accepts.
+        limit = settings.max_new_tokens_limit
+        if (schedule.job.params.max_new_tokens or 0) > limit:
+            errors.append(_error("job.params.max_new_tokens", f"at most {limit} on this server", "less_than_equal"))
     if errors:
         raise Invalid(errors)
     if schedule.source.kind == "inline":
@@ -98,9 +102,14 @@ def input_path(relative: str, settings: Settings) -> Path:
 
 
 def job_create(schedule: ScheduleCreate, items) -> JobCreate:
+    """The template plus the items, validated like a submission. Raises Invalid (naming the first error)."""
     options = schedule.job.model_dump()
-    return JobCreate.model_validate({**options, "items": [i if isinstance(i, dict) else i.model_dump(exclude_none=True)
-                                                          for i in items]})
+    try:
+        return JobCreate.model_validate({**options, "items": [i if isinstance(i, dict) else
+                                                              i.model_dump(exclude_none=True) for i in items]})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise Invalid([_error(".".join(map(str, first["loc"])), first["msg"], first["type"])]) from None
 
 
 def read_items(path: Path, settings: Settings) -> list[dict]:
@@ -136,11 +145,7 @@ def build_job(row: Schedule, settings: Settings) -> tuple[JobCreate, list]:
         items = spec.source.items
     else:
         items = read_items(input_path(spec.source.path, settings), settings)
-    try:
-        job_in = job_create(spec, items)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        raise Invalid([_error(".".join(map(str, first["loc"])), first["msg"], first["type"])]) from None
+    job_in = job_create(spec, items)
     return job_in, submission.prepare(job_in, settings)
 
 

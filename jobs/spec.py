@@ -13,18 +13,40 @@ JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
 
 
 def check_text(value: str) -> str:
+    """Postgres text and JSONB cannot hold NUL, and a lone surrogate (JSON allows "\\udfff") is not encodable as
+    UTF-8 at all: reject both here, rather than fail when the value is hashed or stored."""
     if "\x00" in value:
         raise ValueError("must not contain NUL (U+0000) characters")
-    try:  # pydantic lets a lone surrogate (JSON "\ud800") through where the type is a union, e.g. `Text | None`
-        value.encode()
+    try:
+        value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("is not valid Unicode (a lone surrogate)") from None
+        raise ValueError("must not contain lone surrogates (U+D800 to U+DFFF): not valid Unicode text") from None
     return value
 
 
-# A string Postgres can store: text and JSONB cannot hold NUL.
+# A string Postgres can store. Every string field of a request is one.
 Text = Annotated[str, AfterValidator(check_text)]
 Stop = Annotated[Text, Field(min_length=1, max_length=256)]
+
+
+def metadata_limits(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's metadata limits (16 keys of 64 characters, values of 512), and storable text."""
+    if value is None:
+        return value
+    if len(value) > 16:
+        raise ValueError("at most 16 keys")
+    for key, item in value.items():
+        if len(key) > 64 or len(item) > 512:
+            raise ValueError(f"key {key[:64]!r}: keys are at most 64 characters, values 512")
+        try:
+            check_text(key), check_text(item)
+        except ValueError as exc:
+            raise ValueError(f"key {key[:64]!r}: keys and values {exc}") from None
+    return value
+
+
+# Job metadata, the same for a submission and a schedule's job template.
+Metadata = Annotated[dict[str, str], AfterValidator(metadata_limits)]
 # Item positions (items.idx) are 32-bit integers in Postgres.
 INT32_MAX = 2**31 - 1
 
@@ -37,7 +59,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
 
 
-class DecodeOverrides(Strict):
+class Body(Strict):
+    """A JSON request body: strict types, as the spec says ("0.5" is not a number, true is not an integer, "yes" is
+    not a boolean). Query strings stay lax (Strict), since every query value arrives as a string."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class DecodeOverrides(Body):
     """Decoding parameters. Unset fields take the job's value, then the defaults."""
     max_new_tokens: int | None = Field(None, ge=1, description="Tokens to generate at most (default 64).")
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 = greedy, deterministic (default).")
@@ -128,69 +156,51 @@ class ItemIn(DecodeOverrides):
         return None if self.messages is None else [m.turn() for m in self.messages]
 
 
-def metadata_limits(value: dict[str, str] | None) -> dict[str, str] | None:
-    """OpenAI's metadata limits: 16 keys of 64 characters, values of 512."""
-    if value is None:
-        return value
-    if len(value) > 16:
-        raise ValueError("at most 16 keys")
-    for key, item in value.items():
-        if len(key) > 64 or len(item) > 512:
-            raise ValueError(f"key {key[:64]!r}: keys are at most 64 characters, values 512")
-        if "\x00" in key or "\x00" in item:
-            raise ValueError(f"key {key[:64]!r}: keys and values must not contain NUL (U+0000) characters")
-    return value
+class JobOptions(Body):
+    """The job fields without the items: a JSONL upload's `job` part, a schedule's job template."""
+    type: JobType = "generation"
+    params: JobParams = Field(default_factory=JobParams)
+    priority: int = Field(5, ge=0, le=9, description="9 is served first.")
+    metadata: Metadata = Field(default_factory=dict, description="Up to 16 keys (64 chars), values 512 chars.")
 
 
-class JobCreate(Strict):
+class JobCreate(Body):
+    # Field order matters: request_hash (the Idempotency-Key check) hashes the model's JSON dump.
     type: JobType = "generation"
     items: list[ItemIn] = Field(min_length=1)
     params: JobParams = Field(default_factory=JobParams)
     priority: int = Field(5, ge=0, le=9, description="9 is served first.")
-    metadata: dict[str, str] = Field(default_factory=dict, description="Up to 16 keys (64 chars), values 512 chars.")
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_limits(cls, value: dict[str, str]) -> dict[str, str]:
-        return metadata_limits(value)
-
-
-class JobOptions(Strict):
-    """The job fields of a JSONL upload (multipart field `job`); the items come from the file."""
-    type: JobType = "generation"
-    params: JobParams = Field(default_factory=JobParams)
-    priority: int = Field(5, ge=0, le=9)
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict, description="Up to 16 keys (64 chars), values 512 chars.")
 
 
 # ------------------------------------------------------------------------------------------------ schedules
-class InlineSource(Strict):
+class InlineSource(Body):
     kind: Literal["inline"] = "inline"
     items: list[ItemIn] = Field(min_length=1)
 
 
-class FileSource(Strict):
+class FileSource(Body):
     """A JSONL file (one ItemIn per line) under the server's SCHEDULE_INPUT_DIR, read at every run."""
     kind: Literal["file"]
-    path: str = Field(min_length=1, max_length=1024, description="Relative to SCHEDULE_INPUT_DIR.")
+    path: Text = Field(min_length=1, max_length=1024, description="Relative to SCHEDULE_INPUT_DIR.")
 
 
-class ScheduleCreate(Strict):
-    name: str = Field(min_length=1, max_length=128)
-    cron: str = Field("0 2 * * *", min_length=1, max_length=128, examples=["0 2 * * *"],
+class ScheduleCreate(Body):
+    name: Text = Field(min_length=1, max_length=128)
+    cron: Text = Field("0 2 * * *", min_length=1, max_length=128, examples=["0 2 * * *"],
                       description="5-field cron expression (minute hour day month weekday), in `timezone`. "
                                   "Default: nightly at 02:00.")
-    timezone: str = Field("UTC", min_length=1, max_length=64, description="IANA name, e.g. Europe/Berlin.")
+    timezone: Text = Field("UTC", min_length=1, max_length=64, description="IANA name, e.g. Europe/Berlin.")
     job: JobOptions = Field(default_factory=JobOptions, description="The job each run creates (items aside).")
     source: InlineSource | FileSource = Field(discriminator="kind")
     enabled: bool = True
 
 
-class ScheduleUpdate(Strict):
+class ScheduleUpdate(Body):
     """PATCH: the fields to change."""
-    name: str | None = Field(None, min_length=1, max_length=128)
-    cron: str | None = Field(None, min_length=1, max_length=128)
-    timezone: str | None = Field(None, min_length=1, max_length=64)
+    name: Text | None = Field(None, min_length=1, max_length=128)
+    cron: Text | None = Field(None, min_length=1, max_length=128)
+    timezone: Text | None = Field(None, min_length=1, max_length=64)
     job: JobOptions | None = None
     source: InlineSource | FileSource | None = Field(None, discriminator="kind")
     enabled: bool | None = None

@@ -158,11 +158,11 @@ def submit(Session, celery, settings: Settings, job_in: JobCreate, prepared: lis
         if job is None:
             if max_active_items is not None:
                 check_quota(session, api_key_id, len(job_in.items), max_active_items)
-            job = create(session, job_in, prepared, settings, api_key_id=api_key_id,
-                         idempotency_key=idempotency_key)
-            try:
+            try:  # the unique (api_key_id, idempotency_key) fires at the job's flush, or at the commit
+                job = create(session, job_in, prepared, settings, api_key_id=api_key_id,
+                             idempotency_key=idempotency_key)
                 session.commit()
-            except IntegrityError:  # a concurrent request with the same key won
+            except IntegrityError:  # a concurrent request with the same key won: nothing of ours is stored
                 session.rollback()
                 job, replayed = find(session), True
                 if job is None:

@@ -177,3 +177,85 @@ def test_the_database_down_is_503_not_500(database):
                      down.post("/v1/jobs", json={"items": [{"prompt": "hi"}]})):
         assert_problem(response, 503)
         assert response.headers["Retry-After"] == "5"
+
+
+def cursor_of(raw: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("raw", [
+    b"[" * 1200 + b"]" * 1200,  # nested past the parser's recursion limit
+    b'["2026-01-01T00:00:00+00:00", 123]',  # a job id that is not a string
+    b'[["2026-01-01T00:00:00+00:00"], "00000000-0000-0000-0000-000000000000"]',
+    b'{"a": 1, "b": 2}', b"[]", b"null", b"\xff\xfe",
+])
+def test_a_cursor_that_is_not_ours_is_422(client, raw):
+    assert_problem(client.get(f"/v1/jobs?after={cursor_of(raw)}"), 422, "after")
+
+
+@pytest.mark.parametrize("raw,field", [
+    ('{"items": [{"custom_id": "\\udfff", "prompt": "x"}]}', "items[0].custom_id"),
+    ('{"items": [{"prompt": "x"}], "metadata": {"k": "\\udfff"}}', "metadata"),
+    ('{"items": [{"prompt": "x"}], "metadata": {"\\ud800": "v"}}', "metadata"),
+    ('{"items": [{"prompt": "\\ud800\\udc00 is a pair, this one is not: \\udc00"}]}', "items[0].prompt"),
+])
+def test_lone_surrogates_anywhere_are_422(client, raw, field):
+    assert_problem(client.post("/v1/jobs", data=raw, content_type="application/json"), 422, field)
+
+
+def test_a_surrogate_pair_is_a_character_and_accepted(client):
+    raw = '{"items": [{"custom_id": "\\ud83d\\ude00", "prompt": "smile \\ud83d\\ude00"}]}'
+    body = accepted_then_cancelled(client, client.post("/v1/jobs", data=raw, content_type="application/json"))
+    assert body["item_counts"]["total"] == 1
+
+
+def test_lone_surrogates_in_a_jsonl_upload_are_422_with_the_line(client):
+    lines = b'{"prompt": "a"}\n{"custom_id": "\\udfff", "prompt": "b"}\n'
+    data = {"file": (io.BytesIO(lines), "items.jsonl"), "job": '{"metadata": {"k": "\\ud800"}}'}
+    assert_problem(client.post("/v1/jobs", data=data, content_type="multipart/form-data"), 422, "job.metadata")
+    data = {"file": (io.BytesIO(lines), "items.jsonl")}
+    body = assert_problem(client.post("/v1/jobs", data=data, content_type="multipart/form-data"), 422,
+                          "items[1].custom_id")
+    assert body["errors"][0]["line"] == 2
+
+
+@pytest.mark.parametrize("where,value,field", [
+    ("params", {"temperature": "0.5"}, "params.temperature"),
+    ("params", {"max_new_tokens": True}, "params.max_new_tokens"),
+    ("params", {"max_new_tokens": "4"}, "params.max_new_tokens"),
+    ("params", {"max_new_tokens": 4.0}, "params.max_new_tokens"),
+    ("params", {"measure_baseline": "yes"}, "params.measure_baseline"),
+    ("params", {"measure_baseline": 1}, "params.measure_baseline"),
+    ("params", {"seed": "5"}, "params.seed"),
+    ("item", {"top_k": "3"}, "items[0].top_k"),
+    ("item", {"prompt": 5}, "items[0].prompt"),
+    ("job", {"priority": "7"}, "priority"),
+    ("job", {"priority": True}, "priority"),
+    ("job", {"metadata": {"k": 1}}, "metadata.k"),
+])
+def test_types_are_strict(client, where, value, field):
+    body = {"items": [{"prompt": "hi"}]}
+    if where == "params":
+        body["params"] = value
+    elif where == "item":
+        body["items"][0].update(value)
+    else:
+        body.update(value)
+    assert_problem(client.post("/v1/jobs", json=body), 422, field)
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"prompt": "hi", "seed": "5"}, "seed"),
+    ({"prompt": "hi", "temperature": "0.5"}, "temperature"),
+    ({"prompt": "hi", "max_new_tokens": True}, "max_new_tokens"),
+])
+def test_generate_types_are_strict(client, body, field):
+    assert_problem(client.post("/generate", json=body), 422, field)
+
+
+def test_an_integer_is_a_number(client):
+    """Strict, not pedantic: JSON has one number type, so 1 is a valid temperature."""
+    body = {"items": [{"prompt": "hi", "temperature": 1, "top_p": 1}], "params": {"validation_threshold": 1}}
+    accepted_then_cancelled(client, client.post("/v1/jobs", json=body))

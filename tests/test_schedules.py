@@ -108,6 +108,49 @@ def test_invalid_schedules_are_422(api, change, field):
     assert response.get_json()["errors"][0]["field"] == field
 
 
+FILE_SOURCE = {"kind": "file", "path": "nightly/items.jsonl"}
+SEVENTEEN_KEYS = {f"k{i}": "v" for i in range(17)}
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"name": "night\u0000ly"}, "name"),
+    ({"name": "\udfff"}, "name"),
+    ({"cron": "0 2 * * *\u0000"}, "cron"),
+    ({"timezone": "UTC\u0000"}, "timezone"),
+    ({"job": {"metadata": {"team": "a\u0000b"}}}, "job.metadata"),
+    ({"job": {"metadata": {"\ud800": "v"}}}, "job.metadata"),
+    ({"job": {"metadata": SEVENTEEN_KEYS}}, "job.metadata"),
+    ({"job": {"metadata": {"team": "a\u0000b"}}, "source": FILE_SOURCE}, "job.metadata"),
+    ({"job": {"metadata": SEVENTEEN_KEYS}, "source": FILE_SOURCE}, "job.metadata"),  # else every run would fail
+    ({"job": {"params": {"max_new_tokens": 100000}}, "source": FILE_SOURCE}, "job.params.max_new_tokens"),
+    ({"job": {"priority": "7"}}, "job.priority"),
+    ({"enabled": "yes"}, "enabled"),
+    ({"source": {"kind": "inline", "items": [{"custom_id": "\udfff", "prompt": "x"}]}},
+     "source.inline.items[0].custom_id"),
+    ({"source": {"kind": "file", "path": "a\u0000b"}}, "source.file.path"),
+])
+def test_hostile_schedules_are_422_and_store_nothing(api, Session, change, field):
+    """NUL, lone surrogates, too many metadata keys, loose types: 422 at creation and at PATCH, never a 500, and
+    nothing stored. The JSON is sent as text so that the escapes reach the server as JSON wrote them."""
+    import json
+
+    with Session() as session:
+        before = session.scalar(select(func.count()).select_from(Schedule))
+    raw = json.dumps({**NIGHTLY, **change}, ensure_ascii=True)
+    response = api.post("/v1/schedules", data=raw, content_type="application/json")
+    assert response.status_code == 422 and response.mimetype == "application/problem+json", response.get_json()
+    assert response.get_json()["errors"][0]["field"] == field
+    with Session() as session:
+        assert session.scalar(select(func.count()).select_from(Schedule)) == before
+
+    created = create(api, NIGHTLY)
+    path = f"/v1/schedules/{created['id']}"
+    response = api.patch(path, data=json.dumps(change, ensure_ascii=True), content_type="application/json")
+    assert response.status_code == 422 and response.mimetype == "application/problem+json", response.get_json()
+    assert api.get(path).get_json()["name"] == NIGHTLY["name"]
+    api.delete(path)
+
+
 def test_too_many_inline_items_is_413(database):
     api = client_for(create_app({"max_items_per_job": 2}))
     response = api.post("/v1/schedules", json={**NIGHTLY, "source": {"kind": "inline", "items": [

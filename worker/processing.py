@@ -25,16 +25,18 @@ LABELS = list(review.LABELS)
 DB_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError)
 
 
-def process(Session, engine, item_ids: list[int], max_attempts: int, db_retry_s: float = 0.0) -> int:
+def process(Session, engine, item_ids: list[int], max_attempts: int, db_retry_s: float = 0.0,
+            owner: str | None = None, lease_s: float = 60.0) -> int:
     """Returns the number of results written. Raises when Postgres is unreachable at the claim, or still
-    unreachable `db_retry_s` after the batch was decoded (the caller hands the items back to the queue)."""
+    unreachable `db_retry_s` after the batch was decoded (the caller hands the items back to the queue).
+    `owner`: the worker's lease owner (worker/lease.py); its results are written only for items it still holds."""
     with Session.begin() as session:
-        claimed, gave_up = lifecycle.claim(session, sorted(set(item_ids)), max_attempts)
+        claimed, gave_up = lifecycle.claim(session, sorted(set(item_ids)), max_attempts, owner, lease_s)
         written = lifecycle.record(session, gave_up)
     if claimed:
         job_ids = sorted({str(c.job_id) for c in claimed})
         outcomes = decode(engine, claimed)
-        written += write_results(Session, outcomes, db_retry_s)
+        written += write_results(Session, outcomes, db_retry_s, owner)
         type_of = {c.id: c.job_type for c in claimed}
         for outcome in outcomes:
             metrics.ITEMS.labels(type_of[outcome.item_id], "failed" if outcome.error else "completed").inc()
@@ -46,7 +48,7 @@ def process(Session, engine, item_ids: list[int], max_attempts: int, db_retry_s:
     return written
 
 
-def write_results(Session, outcomes: list[Outcome], retry_s: float) -> int:
+def write_results(Session, outcomes: list[Outcome], retry_s: float, owner: str | None = None) -> int:
     """lifecycle.record in its own transaction. While Postgres is unreachable, retry with a doubling pause (0.5 s up
     to 8 s) for up to `retry_s`, so a short outage costs no decoding work. Writing is idempotent (one result row per
     item), so a commit whose acknowledgement was lost is harmless to repeat.
@@ -57,7 +59,7 @@ def write_results(Session, outcomes: list[Outcome], retry_s: float) -> int:
     while True:
         try:
             with Session.begin() as session:
-                return lifecycle.record(session, outcomes)
+                return lifecycle.record(session, outcomes, owner)
         except DB_UNAVAILABLE as exc:
             if time.monotonic() + pause > deadline:
                 raise
@@ -69,12 +71,13 @@ def write_results(Session, outcomes: list[Outcome], retry_s: float) -> int:
             if len(outcomes) > 1:
                 log.warning("writing %d results failed (%s); writing them one by one", len(outcomes),
                             exc.__class__.__name__)
-                return sum(write_results(Session, [o], max(0.0, deadline - time.monotonic())) for o in outcomes)
+                return sum(write_results(Session, [o], max(0.0, deadline - time.monotonic()), owner)
+                           for o in outcomes)
             if outcomes[0].error is not None:
                 raise
             log.warning("the result of item %d cannot be stored: %s", outcomes[0].item_id, exc.orig)
             message = f"the result could not be stored: {exc.orig.__class__.__name__}: {exc.orig}"[:2000]
-            return write_results(Session, [Outcome(outcomes[0].item_id, error=message)], 0.0)
+            return write_results(Session, [Outcome(outcomes[0].item_id, error=message)], 0.0, owner)
 
 
 def decode(engine, items: list[Claimed]) -> list[Outcome]:

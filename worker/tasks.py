@@ -2,9 +2,11 @@
 together; the model is loaded when the worker (pool) process starts."""
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 
-from celery import signals
+from celery import bootsteps, signals
 from celery_batches import Batches, SimpleRequest
 from celery_batches.trace import apply_batches_task
 
@@ -19,7 +21,7 @@ from jobs.reconcile import running_cutoff_s
 
 from jobs.logs import configure_logging
 
-from . import metrics, processing
+from . import lease, metrics, processing
 from .engine import get_engine
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ Session = session_factory(settings.database_url)
 # A batch that failed as a whole (Postgres unreachable) is handed back with a delay of 5 s, 10 s, 20 s ... 300 s,
 # counted per item in the message's `resends` kwarg, so an outage costs a few log lines a minute, not a busy loop.
 RESEND_DELAY_S, RESEND_MAX_DELAY_S = 5.0, 300.0
+heartbeat: lease.Heartbeat | None = None  # started when the worker is ready
 
 
 @signals.setup_logging.connect  # JSON logs (jobs/logs.py) instead of Celery's own format
@@ -51,26 +54,73 @@ def _load_in_worker(sender=None, **_):
             metrics.start_server(settings.worker_metrics_port, celery_app)
 
 
+@signals.worker_ready.connect  # in the worker's main process (prefork: the parent), once it consumes
+def _start_heartbeat(**_):
+    global heartbeat
+    heartbeat = lease.Heartbeat(Session, celery_app, decode_items.held_items, settings.lease_s)
+    heartbeat.start()
+
+
+@signals.task_received.connect  # a message arrived: lease its item now, not at the next beat
+def _lease_now(request=None, **_):
+    if heartbeat is not None and getattr(request, "name", None) == DECODE_TASK:
+        heartbeat.wake()
+
+
 class DecodeBatches(Batches):
     """celery-batches' flush, plus what it lacks: when the pool child running a batch dies (SIGKILL, OOM, hard time
     limit), its late-ack messages are requeued at once (task_reject_on_worker_lost). celery-batches passes no error
-    callback to the pool, so they would otherwise stay unacked until the visibility timeout."""
+    callback to the pool, so they would otherwise stay unacked until the visibility timeout.
+
+    It also knows which items this worker holds (held_items), for their leases (worker/lease.py)."""
 
     abstract = True
+
+    def __init__(self):
+        super().__init__()
+        # Batches handed to the pool, until their messages are acked or requeued: number -> ids, time, started.
+        self._in_flight: dict[int, dict] = {}
+        self._batches = itertools.count()
+
+    def held_items(self) -> set[int]:
+        """Items whose messages this worker holds: buffered, waiting for their delivery time, or in a batch the pool
+        has. A batch handed over longer ago than two hard time limits (one batch ahead of it in the pool, then its
+        own) is no longer counted, whatever happened to it, so that no item is held forever."""
+        oldest = time.monotonic() - (settings.batch_time_limit + 60) * 2
+        held = {item for batch in list(self._in_flight.values()) if batch["at"] > oldest for item in batch["ids"]}
+        for queue in (self._buffer, self._pending):
+            with queue.mutex:
+                held.update(request.args[0] for request in queue.queue)
+        return held
+
+    def forget_unstarted(self) -> None:
+        """After a lost broker connection, Celery drops the batches no pool child has started (their messages cannot
+        be acked on a new connection) and clears the event loop's timers, celery-batches' flush timer included:
+        stop holding those batches, and let the next message start a new flush timer."""
+        for number, batch in list(self._in_flight.items()):
+            if not batch["started"]:
+                self._in_flight.pop(number, None)
+        self._tref = None
 
     def flush(self, requests):
         early = [r for r in requests if not r.task.acks_late]
         late = [r for r in requests if r.task.acks_late]
+        number = next(self._batches)
+        batch = self._in_flight[number] = {"ids": [r.args[0] for r in requests], "at": time.monotonic(),
+                                           "started": False}
 
         def on_accepted(pid, time_accepted):
+            batch["started"] = True
             for request in early:
                 request.acknowledge()
 
         def on_return(result):
+            self._in_flight.pop(number, None)
             for request in late:
                 request.acknowledge()
 
         def on_lost(exc_info):
+            self._in_flight.pop(number, None)
             for request in late:
                 request.reject(requeue=bool(self.app.conf.task_reject_on_worker_lost))
 
@@ -88,7 +138,7 @@ def decode_items(requests):
     item_ids = [request.args[0] for request in requests]
     try:
         written = processing.process(Session, get_engine(), item_ids, settings.max_attempts,
-                                     db_retry_s=settings.db_retry_s)
+                                     db_retry_s=settings.db_retry_s, owner=lease.OWNER, lease_s=settings.lease_s)
     except Exception:
         # celery-batches acks the messages even when this raises; put the items back on the queue (claiming caps
         # the attempts) and re-raise so the failure is logged.
@@ -116,6 +166,18 @@ def hand_back(requests) -> float:
             log.warning("broker unavailable: %d items stay in Postgres for the reconciler", len(requests))
             break
     return longest
+
+
+class ForgetUnstartedBatches(bootsteps.StartStopStep):
+    """Called when the consumer stops: at shutdown, and when the broker connection is lost and re-established."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def stop(self, consumer):
+        decode_items.forget_unstarted()
+
+
+celery_app.steps["consumer"].add(ForgetUnstartedBatches)
 
 
 @celery_app.task(name=REQUEUE_TASK, acks_late=False)
