@@ -43,9 +43,10 @@ def child_exit(server, worker):
 
     multiprocess.mark_process_dead(worker.pid)
 
+
 def post_worker_init(worker):
     """Load the target's tokenizer (to count prompt tokens) before the first request, not during it."""
-    from jobs.limits import target
+    from jobs import tokenizer
     from jobs.config import get_settings
 
-    target(get_settings().target)
+    tokenizer.load(get_settings().target)
