@@ -62,6 +62,8 @@ def verify_greedy(tree, logits, threshold=1.0):
         good = tree.tokens[:, i] == pred[rows, p]
         if threshold < 1.0:
             good |= probs[rows, p, tree.tokens[:, i]] >= threshold * pmax[rows, p]
+        if tree.valid is not None:
+            good &= tree.valid[:, i]
         ok[:, i] = ok[rows, p] & good
     # deepest accepted node (first in tree order on ties: the higher-scored draft)
     key = torch.where(ok, tree.depth * N + (N - 1 - torch.arange(N, device=ok.device)), -1)
@@ -73,12 +75,14 @@ def verify_sampling(tree, probs, threshold=1.0, generator=None):
     """probs: [B, N, V] warped target probabilities at every node."""
     B, N = tree.tokens.shape
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    valid = [[True] * N] * B if tree.valid is None else tree.valid.tolist()
     u = torch.rand(B, N, generator=generator, device=probs.device).tolist()
     last, bonus = [], []
     for b in range(B):
         children = [[] for _ in range(N)]
         for i in range(1, N):
-            children[parents[b][i]].append(i)
+            if valid[b][i]:
+                children[parents[b][i]].append(i)
         node = 0
         while True:
             p = probs[b, node].clone()
