@@ -1,4 +1,5 @@
-"""The decoding loop: prefill, then rounds of draft tree -> one target forward over the tree -> accept -> commit.
+"""The decoding loop: prefill, then rounds of propose (a drafter's tree per row, eagle3/drafters) -> verify (one
+target forward over every row's tree) -> accept -> commit (KV cache, outputs; the drafter observes what was accepted).
 
 `SpeculativeDecoder.generate(..., speculative=False)` runs plain autoregressive decoding through the very same
 target forward and KV cache, so measured speedups compare like with like."""
