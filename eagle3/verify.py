@@ -10,7 +10,10 @@ distribution, else zero p(x) and renormalise; if all are rejected, sample the re
 distributed exactly as the target's.
 
 validation_threshold t < 1 also accepts a child x when p(x) >= t * max p: longer accepted paths, but the output is no
-longer exactly the target's (lossy). t = 1 is strict."""
+longer exactly the target's (lossy). t = 1 is strict.
+
+Padding nodes (tree.valid False: a row's drafter proposed fewer nodes than the batch's largest tree) are never
+accepted, under either rule."""
 from dataclasses import dataclass
 
 import torch

@@ -29,14 +29,16 @@ class HybridDrafter(Drafter):
         self.suffix = SuffixDrafter(target, head, configured, min_match=3, min_prob=0.5)
 
     def join(self, batch, feats, lens):
-        self.eagle.join(batch, feats, lens)
-        self.suffix.join(batch, feats, lens)
+        for part in (self.eagle, self.suffix):
+            part.join(batch, feats, lens)
 
     def retire(self, keep):
-        self.eagle.retire(keep)
+        for part in (self.eagle, self.suffix):
+            part.retire(keep)
 
     def prepare(self, batch):
-        self.eagle.prepare(batch)
+        for part in (self.eagle, self.suffix):
+            part.prepare(batch)
 
     def propose(self, batch, shape):
         k, depth, _ = shape
@@ -46,5 +48,5 @@ class HybridDrafter(Drafter):
         return from_nodes(batch.root, [graft(h, e) for h, e in zip(head, extra)])
 
     def observe(self, batch, tree, acc, feats, emitted):
-        self.eagle.observe(batch, tree, acc, feats, emitted)
-        self.suffix.observe(batch, tree, acc, feats, emitted)
+        for part in (self.eagle, self.suffix):
+            part.observe(batch, tree, acc, feats, emitted)
