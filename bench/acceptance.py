@@ -4,6 +4,7 @@ runs the one configured tree (adaptive=False) so tau and per-depth rates describ
 the adaptive decoder the worker uses.
 
     python -m bench.acceptance [--prompts 84] [--max-new-tokens 96] [--batch 1 8] [--temps 0 0.7] [--out FILE]
+                               [--drafter eagle|suffix|hybrid]
 """
 import argparse
 import functools
@@ -64,16 +65,17 @@ def main():
     ap.add_argument("--parallel-degree", type=int, default=4)
     ap.add_argument("--depth", type=int, default=5)
     ap.add_argument("--total-tokens", type=int, default=16)
+    ap.add_argument("--drafter", default="eagle", help="eagle, suffix or hybrid (eagle3/drafters)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--out", help="also write the markdown table here")
     a = ap.parse_args()
     target = load_target()
     dec = SpeculativeDecoder(target, draft=a.draft, parallel_degree=a.parallel_degree, depth=a.depth,
-                             total_tokens=a.total_tokens, adaptive=False)  # the head's quality: one fixed tree
+                             total_tokens=a.total_tokens, adaptive=False, drafter=a.drafter)  # one fixed tree
     prompts = [p["prompt"] for p in heldout_prompts()][: a.prompts]
-    lines = [f"held-out prompts: {len(prompts)}, max_new_tokens {a.max_new_tokens}, tree k={dec.k} depth={dec.depth} "
-             f"nodes={dec.total_tokens}, draft vocab {dec.head.config.draft_vocab_size}, torch threads "
-             f"{torch.get_num_threads()}", "",
+    lines = [f"held-out prompts: {len(prompts)}, max_new_tokens {a.max_new_tokens}, drafter {a.drafter}, "
+             f"tree k={dec.k} depth={dec.depth} nodes={dec.total_tokens}, draft vocab {dec.head.config.draft_vocab_size}, "
+             f"torch threads {torch.get_num_threads()}", "",
              "| temp | batch | decoder | tau mean | tau median | accept rate by depth | tok/s | x vanilla | x HF | identical |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for temp in a.temps:

@@ -1,4 +1,5 @@
-"""The decoding loop: prefill, then rounds of draft tree -> one target forward over the tree -> accept -> commit.
+"""The decoding loop: prefill, then rounds of propose (a drafter's tree per row, eagle3/drafters) -> verify (one
+target forward over every row's tree) -> accept -> commit (KV cache, outputs; the drafter observes what was accepted).
 
 `SpeculativeDecoder.generate(..., speculative=False)` runs plain autoregressive decoding through the very same
 target forward and KV cache, so measured speedups compare like with like."""
@@ -9,11 +10,13 @@ from pathlib import Path
 import torch
 
 from .adopt import as_target
+from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
+from .drafters import DRAFTERS
 from .policy import PLAIN, SpeculationPolicy
-from .target import Target, pad_prompts
-from .tree import draft_tree
-from .verify import verify_greedy, verify_sampling, warp
+from .target import Target
+from .tree import root_only
+from .verify import Accepted, verify_greedy, verify_sampling, warp
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
@@ -54,58 +57,6 @@ def resolve_head(target: Target, draft) -> Eagle3Head:
     return draft.to(device=w.device, dtype=w.dtype).eval().pack()
 
 
-class _Rows:
-    """Per-prompt outputs and counters of one generate call; `live` maps batch rows to prompt slots. Prompts join
-    in slot order as rows free up (admit)."""
-
-    def __init__(self, limits, eos):
-        n = len(limits)
-        self.tokens = [[] for _ in range(n)]
-        self.finish = [None] * n
-        self.limits, self.eos = limits, set(eos)
-        self.forwards, self.rounds, self.accepted = [1] * n, [0] * n, [0] * n
-        self.start, self.wall = [0.0] * n, [0.0] * n
-        self.live, self.next = [], 0
-
-    @property
-    def waiting(self):
-        return self.next < len(self.limits)
-
-    def admit(self, room, elapsed):
-        """The next `room` waiting slots join the batch (at its end); returns them."""
-        slots = list(range(self.next, min(self.next + room, len(self.limits))))
-        self.next += len(slots)
-        self.live += slots
-        for s in slots:
-            self.start[s] = elapsed
-        return slots
-
-    def emit(self, slot, toks):
-        for t in toks:
-            if t in self.eos:
-                self.finish[slot] = "stop"
-                return
-            self.tokens[slot].append(t)
-            if len(self.tokens[slot]) >= self.limits[slot]:
-                self.finish[slot] = "length"
-                return
-
-    def retire(self, elapsed):
-        """Drop finished rows; returns the new batch order as indices into the old one (None when nothing changed).
-        Live rows from the end fill the finished rows' places, so the KV caches move only those rows (KVCache.keep)."""
-        done = [self.finish[s] is not None for s in self.live]
-        for i, s in enumerate(self.live):
-            if done[i]:
-                self.wall[s] = elapsed - self.start[s]
-        n = done.count(False)
-        if n == len(self.live):
-            return None
-        movers = iter(i for i in range(n, len(done)) if not done[i])
-        keep = [next(movers) if done[i] else i for i in range(n)]
-        self.live = [self.live[i] for i in keep]
-        return keep
-
-
 class SpeculativeDecoder:
     """EAGLE-3 speculative decoding over a target model.
 
@@ -127,21 +78,26 @@ class SpeculativeDecoder:
     validation_threshold: 1.0 (default) is strict, lossless verification. Below 1.0 a drafted token is also accepted
         when the target gives it at least threshold x its top probability: more tokens per forward (faster), but
         the output is no longer exactly the target's — a fidelity/speed trade-off, off by default.
+    drafter: who proposes the trees (eagle3/drafters): "eagle" (the head), "suffix" (continuations of text the
+        prompts and outputs of this call already contain; no model), "hybrid" (the head's tree plus confident suffix
+        matches).
     """
 
     def __init__(self, target=None, draft=None, parallel_degree=4, validation_threshold=1.0, depth=5,
-                 total_tokens=16, adaptive=True, *, model=None, tokenizer=None):
+                 total_tokens=16, adaptive=True, *, model=None, tokenizer=None, drafter="eagle"):
         _require(isinstance(parallel_degree, int) and parallel_degree >= 1, "parallel_degree", "must be an integer >= 1")
         _require(isinstance(validation_threshold, (int, float)) and 0 < validation_threshold <= 1,
                  "validation_threshold", "must be in (0, 1]")
         _require(isinstance(depth, int) and depth >= 1, "depth", "must be an integer >= 1")
         _require(isinstance(total_tokens, int) and total_tokens >= 2, "total_tokens", "must be an integer >= 2")
+        _require(drafter in DRAFTERS, "drafter", f"must be one of {', '.join(DRAFTERS)}")
         _require((target is None) != (model is None), "model", "pass one model (as target or model), not none or both")
         self.target = as_target(target if model is None else model, tokenizer, "target" if model is None else "model")
         self.model = self.target.model
         self.head = resolve_head(self.target, draft)
         self.k, self.threshold, self.depth, self.total_tokens = parallel_degree, float(validation_threshold), depth, total_tokens
-        self.policy = SpeculationPolicy((parallel_degree, depth, total_tokens)) if adaptive else None
+        self.configured, self.drafter = (parallel_degree, depth, total_tokens), drafter
+        self.policy = SpeculationPolicy(self.configured) if adaptive else None
         self.last_stats = {}
 
     # ------------------------------------------------------------ public API
@@ -237,16 +193,16 @@ class SpeculativeDecoder:
         """Decode all prompts, at most batch_size rows at a time. A finished row's place goes to the next waiting
         prompt (continuous batching): speculative rows finish at different rounds, and a batch left to run on with a
         few stragglers would pay most of a full round for each of their tokens."""
-        t0 = time.perf_counter()
-        rows = _Rows(limits, self.target.eos_ids)
         cap = max(map(len, ids)) + max(limits) + self.depth + self.total_tokens + 2
-        admit = lambda cache: self._admit(ids, rows, cache, cap, batch_size, sampling, t0)  # noqa: E731
+        batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap)
+        pick = lambda logits: self._pick(logits, sampling)  # noqa: E731
         if speculative:
-            self._speculative_rounds(admit, rows, sampling, totals, t0)
+            self._speculative_rounds(batch, DRAFTERS[self.drafter](self.target, self.head, self.configured), pick,
+                                     sampling, totals)
         else:
-            self._vanilla_steps(admit, rows, sampling, t0)
-        wall = time.perf_counter() - t0
-        out = []
+            self._vanilla_steps(batch, pick, sampling)
+        wall = batch.elapsed()
+        rows, out = batch.rows, []
         for s in range(len(ids)):
             n = len(rows.tokens[s])
             st = dict(new_tokens=n, target_forwards=rows.forwards[s], rounds=rows.rounds[s],
@@ -261,161 +217,70 @@ class SpeculativeDecoder:
         totals["wall_time_s"] += wall
         return out
 
-    def _admit(self, ids, rows, cache, cap, batch_size, sampling, t0):
-        """Prefill the next waiting prompts into the free rows, appended to `cache` (a new cache when None). None when
-        no prompt waits or no row is free, else (cache, their first tokens [m], their prompt pairs for the head: per
-        row (features [L, F], the tokens that follow [L]), the last pair taking the first token)."""
-        if not rows.waiting or len(rows.live) >= batch_size:
-            return None
-        slots = rows.admit(batch_size - len(rows.live), time.perf_counter() - t0)
-        dev = self.target.device
-        tokens, lens, pos, causal = pad_prompts([ids[s] for s in slots], dev)
-        new = self.model.new_cache(len(slots), cap)
-        logits, feats = self.model(tokens, pos, new, causal, logits_at=(lens - 1)[:, None])
-        new.lens.copy_(lens)
-        first = self._pick(logits[:, 0], sampling)
-        pairs = []
-        for i, s in enumerate(slots):
-            L = len(ids[s])
-            pairs.append((feats[i, :L], torch.cat([tokens[i, 1:L], first[i: i + 1]])))
-            rows.emit(s, [int(first[i])])
-        return (new if cache is None else cache.extend(new)), first, pairs
-
-    def _vanilla_steps(self, admit, rows, sampling, t0):
+    def _vanilla_steps(self, batch, pick, sampling):
         one = torch.ones(1, 1, 1, dtype=torch.bool, device=self.target.device)
-        cache = tok = None
+        rows = batch.rows
         while True:
-            keep = rows.retire(time.perf_counter() - t0)
-            if keep is not None:
-                cache.keep(keep)
-                tok = tok[keep]
-            new = admit(cache)
-            if new:
-                cache, first, _ = new
-                tok = first if tok is None else torch.cat([tok, first])
+            batch.retire()
+            if batch.admit(pick) is not None:
                 continue  # a new row may be done at its first token
             if not rows.live:
                 return
-            logits, _ = self.model(tok[:, None], cache.lens[:, None], cache, one.expand(len(tok), 1, 1))
+            cache = batch.cache
+            logits, _ = self.model(batch.root[:, None], cache.lens[:, None], cache, one.expand(batch.size, 1, 1))
             cache.lens += 1
-            tok = self._pick(logits[:, 0], sampling)
+            batch.root = tok = self._pick(logits[:, 0], sampling)
             for i, s in enumerate(rows.live):
                 rows.forwards[s] += 1
                 rows.emit(s, [int(tok[i])])
 
-    def _speculative_rounds(self, admit, rows, sampling, totals, t0):
-        head, embed = self.head, self.model.embed_tokens
+    def _speculative_rounds(self, batch, drafter, pick, sampling, totals):
         greedy = sampling["temperature"] == 0
-        cache = hcache = root = root_out = None
-        # Per live row, the (features, next token) pairs the head has not read yet: its prompt after it joins, then
-        # the plain steps since its last tree. The head reads them just before the next tree, so plain-step-only
-        # batches never pay for the head.
-        unread = []
         while True:
-            keep = rows.retire(time.perf_counter() - t0)
+            keep = batch.retire()
             if keep is not None:
-                cache.keep(keep)
-                hcache.keep(keep)
-                idx = torch.tensor(keep, dtype=torch.long, device=root.device)
-                root, root_out = root[idx], root_out[idx]
-                unread = [unread[i] for i in keep]
-            new = admit(cache)
-            if new:
-                cache, first, pairs = new
-                m = len(first)
-                # Room for a tree past a row's end, and for the padding of a catch-up over other rows' prompts
-                hnew = head.new_cache(m, 2 * cache.max_len + self.depth * self.k + self.depth + 2)
-                hcache = hnew if hcache is None else hcache.extend(hnew)
-                out0 = torch.zeros(m, head.config.hidden_size, dtype=embed.weight.dtype, device=first.device)
-                root = first if root is None else torch.cat([root, first])
-                root_out = out0 if root_out is None else torch.cat([root_out, out0])
-                unread += [[p] for p in pairs]
+                drafter.retire(keep)
+            joined = batch.admit(pick)
+            if joined is not None:
+                drafter.join(batch, *joined)
                 continue  # a new row may be done at its first token
-            if not rows.live:
+            if not batch.size:
                 return
-            n = len(root)
-            shape = self.policy.choose(n, greedy) if self.policy else (self.k, self.depth, self.total_tokens)
-            td = time.perf_counter()
-            if shape is PLAIN:  # one ordinary step; the head catches up on it before the next tree
-                logits, feats = self.model(root[:, None], cache.lens[:, None], cache,
-                                           torch.ones(n, 1, 1, dtype=torch.bool, device=root.device))
-                cache.lens += 1
-                nxt = self._pick(logits[:, 0], sampling)
-                for i in range(n):
-                    unread[i].append((feats[i, :1], nxt[i: i + 1]))
-                root = nxt
-                step_s = time.perf_counter() - td
-                totals["verify_time_s"] += step_s
-                totals["plain_steps"] += n
-                self.policy.observe(PLAIN, n, greedy, step_s, 1.0)
-                nx = nxt.tolist()
-                for i, s in enumerate(rows.live):
-                    rows.forwards[s] += 1
-                    rows.rounds[s] += 1
-                    rows.accepted[s] += 1
-                    rows.emit(s, [nx[i]])
-                continue
-            # Reading the unread pairs is a one-off cost of joining or switching, so it counts as draft time but not
-            # in the tree's round time the policy measures.
-            if any(unread):
-                root_out = self._catch_up(hcache, unread, root_out)
-                unread = [[] for _ in range(n)]
-            tc = time.perf_counter()
-            switch_s = tc - td
-            totals["draft_time_s"] += switch_s
-            td = tc
-            tree = draft_tree(head, embed, root, root_out, hcache, *shape)
-            tv = time.perf_counter()
-            logits, feats = self.model(tree.tokens, cache.lens[:, None] + tree.depth, cache, tree.mask)
-            if greedy:
-                acc = verify_greedy(tree, logits, self.threshold)
-            else:
-                probs = warp(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
-                acc = verify_sampling(tree, probs, self.threshold, sampling["generator"])
-            cache.commit(acc.path, acc.length)
-            tu = time.perf_counter()
-            # Emitted tokens: the accepted drafts, then the bonus token. They pair with the target features of the
-            # path's nodes to extend the head's context (pair j = (features of path[j], emitted[j])).
-            path_tok = tree.tokens.gather(1, acc.path)
-            emitted = torch.cat([path_tok[:, 1:], acc.bonus[:, None]], 1)
-            emitted.scatter_(1, (acc.length - 1)[:, None], acc.bonus[:, None])
-            pf = feats.gather(1, acc.path[..., None].expand(-1, -1, feats.shape[-1]))
-            ar = torch.arange(emitted.shape[1], device=root.device)
-            hm = (ar[None, :, None] >= ar[None, None, :]) & (ar < acc.length[:, None])[:, None, :] | (ar[:, None] == ar)
-            out = head(embed(emitted), head.fc(pf), hcache.lens[:, None] + ar, hcache, hm)
-            root_out = out[torch.arange(n, device=root.device), acc.length - 1]
-            hcache.lens += acc.length
-            root = acc.bonus
-            te = time.perf_counter()
-            totals["draft_time_s"] += (tv - td) + (te - tu)
-            totals["verify_time_s"] += tu - tv
-            em, ln = emitted.tolist(), acc.length.tolist()
-            if self.policy:
-                self.policy.observe(shape, n, greedy, te - td, sum(ln) / n, switch_s)
-            for i, s in enumerate(rows.live):
-                rows.forwards[s] += 1
-                rows.rounds[s] += 1
-                rows.accepted[s] += ln[i]
-                totals["accept_hist"][ln[i] - 1] += 1  # rounds that emitted ln tokens
-                rows.emit(s, em[i][: ln[i]])
+            shape = self.policy.choose(batch.size, greedy) if self.policy else self.configured
+            self._round(batch, drafter, shape, sampling, totals)
 
-    def _catch_up(self, hcache, unread, root_out):
-        """Run the head over each row's unread (features, next token) pairs, padded to the longest row; returns its
-        output at each row's last pair (rows with none keep root_out), which drafts the next tree."""
-        n, dev = len(unread), hcache.lens.device
-        feats = [torch.cat([f for f, _ in u]) if u else None for u in unread]
-        toks = [torch.cat([t for _, t in u]) if u else None for u in unread]
-        counts = [0 if t is None else len(t) for t in toks]
-        P, ref = max(counts), next(f for f in feats if f is not None)
-        feat = torch.zeros(n, P, ref.shape[-1], dtype=ref.dtype, device=dev)
-        tok = torch.zeros(n, P, dtype=torch.long, device=dev)
-        for i, c in enumerate(counts):
-            if c:
-                feat[i, :c], tok[i, :c] = feats[i], toks[i]
-        c = torch.tensor(counts, device=dev)
-        ar = torch.arange(P, device=dev)
-        mask = (ar[:, None] >= ar[None, :]) & (ar < c[:, None])[:, None, :] | torch.eye(P, dtype=torch.bool, device=dev)
-        out = self.head(self.model.embed_tokens(tok), self.head.fc(feat), hcache.lens[:, None] + ar, hcache, mask)
-        hcache.lens += c
-        last = out[torch.arange(n, device=dev), (c - 1).clamp(min=0)]
-        return torch.where((c > 0)[:, None], last, root_out)
+    def _round(self, batch, drafter, shape, sampling, totals):
+        """One round over every live row: propose -> verify -> accept -> commit. PLAIN: a plain decode step (each
+        row's root alone)."""
+        t0 = time.perf_counter()
+        if shape is not PLAIN:  # the drafter's one-off catch-up: draft time, but not the round's measured cost
+            drafter.prepare(batch)
+        t1 = time.perf_counter()
+        tree = root_only(batch.root) if shape is PLAIN else drafter.propose(batch, shape)
+        t2 = time.perf_counter()
+        logits, feats = self.model(tree.tokens, batch.cache.lens[:, None] + tree.depth, batch.cache, tree.mask)
+        acc = self._accept(tree, logits, sampling)
+        emitted = batch.commit(tree, acc)
+        t3 = time.perf_counter()
+        drafter.observe(batch, tree, acc, feats, emitted)
+        t4 = time.perf_counter()
+        totals["draft_time_s"] += (t2 - t0) + (t4 - t3)
+        totals["verify_time_s"] += t3 - t2
+        n, lengths = batch.size, acc.length.tolist()
+        if shape is PLAIN:
+            totals["plain_steps"] += n
+        else:
+            for ln in lengths:
+                totals["accept_hist"][ln - 1] += 1  # rounds that emitted ln tokens
+        if self.policy:
+            self.policy.observe(shape, n, sampling["temperature"] == 0, t4 - t1, sum(lengths) / n, t1 - t0)
+
+    def _accept(self, tree, logits, sampling):
+        """The accepted path and bonus token per row; a plain step picks as vanilla decoding does."""
+        if tree.size == 1:
+            zeros = torch.zeros_like(tree.tokens)
+            return Accepted(zeros, zeros[:, 0] + 1, self._pick(logits[:, 0], sampling))
+        if sampling["temperature"] == 0:
+            return verify_greedy(tree, logits, self.threshold)
+        probs = warp(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
+        return verify_sampling(tree, probs, self.threshold, sampling["generator"])

@@ -1,6 +1,7 @@
-"""Dynamic draft tree (EAGLE-2/3): expand the `k` best frontier nodes for `depth` levels, `k` children each, then
-keep the `total_tokens - 1` nodes with the highest cumulative draft log-probability. Batched: every row gets its
-own tree of the same size."""
+"""Draft trees. `draft_tree` is the dynamic tree of EAGLE-2/3: expand the `k` best frontier nodes for `depth` levels,
+`k` children each, then keep the `total_tokens - 1` nodes with the highest cumulative draft log-probability; every
+row gets its own tree of the same size. `from_nodes` builds a batch's trees from per-row node lists of any sizes
+(drafters that are not the head), padding short rows with nodes verification never accepts."""
 from dataclasses import dataclass
 
 import torch
@@ -12,10 +13,42 @@ class Tree:
     parents: torch.Tensor  # [B, N] parent node index (root: 0)
     depth: torch.Tensor    # [B, N] root = 0
     mask: torch.Tensor     # [B, N, N] node i sees node j: j is i or an ancestor of i
+    valid: torch.Tensor | None = None  # [B, N] False: padding, never accepted (None: every node is a draft)
 
     @property
     def size(self):
         return self.tokens.shape[1]
+
+    def nodes(self):
+        """Per row, its draft nodes as (parent, token) pairs; node i + 1 is pair i. The inverse of from_nodes."""
+        valid = [[True] * self.size] * len(self.tokens) if self.valid is None else self.valid.tolist()
+        return [[(p, t) for p, t, ok in zip(ps[1:], ts[1:], vs[1:]) if ok]
+                for ps, ts, vs in zip(self.parents.tolist(), self.tokens.tolist(), valid)]
+
+
+def root_only(root_tokens):
+    """The tree of a plain decode step: each row's root alone."""
+    B, dev = len(root_tokens), root_tokens.device
+    zeros = torch.zeros(B, 1, dtype=torch.long, device=dev)
+    return Tree(root_tokens[:, None], zeros, zeros, torch.ones(B, 1, 1, dtype=torch.bool, device=dev))
+
+
+def from_nodes(root_tokens, nodes):
+    """A batch's trees from per-row lists of (parent, token) draft nodes (node i + 1 is pair i; parents precede
+    children). Rows are padded to the longest with nodes under the root that are marked invalid."""
+    B, dev = len(root_tokens), root_tokens.device
+    N = 1 + max(map(len, nodes))
+    parents = [[0] * N for _ in range(B)]
+    tokens = [[0] * N for _ in range(B)]
+    valid = [[True] + [False] * (N - 1) for _ in range(B)]
+    for b, row in enumerate(nodes):
+        for i, (p, t) in enumerate(row, 1):
+            parents[b][i], tokens[b][i], valid[b][i] = p, t, True
+    tokens = torch.tensor(tokens, device=dev)
+    tokens[:, 0] = root_tokens
+    parents = torch.tensor(parents, device=dev)
+    mask, depth = ancestor_mask(parents)
+    return Tree(tokens, parents, depth, mask, torch.tensor(valid, device=dev))
 
 
 def ancestor_mask(parents):

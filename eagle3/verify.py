@@ -10,7 +10,10 @@ distribution, else zero p(x) and renormalise; if all are rejected, sample the re
 distributed exactly as the target's.
 
 validation_threshold t < 1 also accepts a child x when p(x) >= t * max p: longer accepted paths, but the output is no
-longer exactly the target's (lossy). t = 1 is strict."""
+longer exactly the target's (lossy). t = 1 is strict.
+
+Padding nodes (tree.valid False: a row's drafter proposed fewer nodes than the batch's largest tree) are never
+accepted, under either rule."""
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +65,8 @@ def verify_greedy(tree, logits, threshold=1.0):
         good = tree.tokens[:, i] == pred[rows, p]
         if threshold < 1.0:
             good |= probs[rows, p, tree.tokens[:, i]] >= threshold * pmax[rows, p]
+        if tree.valid is not None:
+            good &= tree.valid[:, i]
         ok[:, i] = ok[rows, p] & good
     # deepest accepted node (first in tree order on ties: the higher-scored draft)
     key = torch.where(ok, tree.depth * N + (N - 1 - torch.arange(N, device=ok.device)), -1)
@@ -73,12 +78,14 @@ def verify_sampling(tree, probs, threshold=1.0, generator=None):
     """probs: [B, N, V] warped target probabilities at every node."""
     B, N = tree.tokens.shape
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    valid = [[True] * N] * B if tree.valid is None else tree.valid.tolist()
     u = torch.rand(B, N, generator=generator, device=probs.device).tolist()
     last, bonus = [], []
     for b in range(B):
         children = [[] for _ in range(N)]
         for i in range(1, N):
-            children[parents[b][i]].append(i)
+            if valid[b][i]:
+                children[parents[b][i]].append(i)
         node = 0
         while True:
             p = probs[b, node].clone()

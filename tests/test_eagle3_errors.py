@@ -13,7 +13,7 @@ def dec():
     (dict(parallel_degree=0), "parallel_degree"), (dict(parallel_degree=2.5), "parallel_degree"),
     (dict(validation_threshold=0), "validation_threshold"), (dict(validation_threshold=1.01), "validation_threshold"),
     (dict(validation_threshold=-0.5), "validation_threshold"), (dict(depth=0), "depth"),
-    (dict(total_tokens=1), "total_tokens"),
+    (dict(total_tokens=1), "total_tokens"), (dict(drafter="nope"), "drafter"),
 ])
 def test_constructor_rejects(kwargs, field):
     with pytest.raises(ValueError, match=field):

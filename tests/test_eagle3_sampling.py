@@ -57,13 +57,15 @@ def _critical(df):
     return next(q for d, q in sorted(CHI2_9999.items()) if d >= df) if df <= 63 else df + 4.9 * (2 * df) ** 0.5
 
 
-@pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.0, 1.0), (1.0, 0.9)])
-def test_speculative_sampling_matches_target_distribution(temperature, top_p):
+@pytest.mark.parametrize("temperature,top_p,drafter", [(0.7, 1.0, "eagle"), (1.0, 1.0, "eagle"), (1.0, 0.9, "eagle"),
+                                                       (0.7, 1.0, "suffix"), (1.0, 0.9, "hybrid")])
+def test_speculative_sampling_matches_target_distribution(temperature, top_p, drafter):
     target = small_vocab_target(vocab=4, seed=1, scale=0.15)
-    dec = decoder_for(target, parallel_degree=2, depth=3, total_tokens=7)
+    dec = decoder_for(target, parallel_degree=2, depth=3, total_tokens=7, drafter=drafter)
     exact = _exact_joint(target, temperature, top_p)
+    # suffix drafting: 1000 rows at a time, so later rows find the earlier rows' outputs in the index
     res = dec.generate_ids([PROMPT] * N_SAMPLES, max_new_tokens=3, temperature=temperature, top_p=top_p,
-                           batch_size=N_SAMPLES, seed=1234)
+                           batch_size=1000 if drafter == "suffix" else N_SAMPLES, seed=1234)
     assert dec.last_stats["accept_length"] > 1.2  # the tree is really being accepted from
     seqs = [tuple(r.token_ids) for r in res]
     assert all(len(s) == 3 for s in seqs)

@@ -116,8 +116,8 @@ def test_draft_tree_shape_and_order():
 
 
 def test_kv_cache_keep_reorders_rows_in_place_or_by_copy():
-    from eagle3.decoder import _Rows
-    rows = _Rows([4] * 6, eos=[])
+    from eagle3.batch import Rows
+    rows = Rows([4] * 6, eos=[])
     assert rows.admit(8, 0.0) == list(range(6)) and not rows.waiting
     rows.finish[1] = rows.finish[4] = "length"
     keep = rows.retire(0.0)

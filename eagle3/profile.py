@@ -1,0 +1,117 @@
+"""t(rows, nodes): the seconds of one target forward that verifies `nodes` tree nodes in each of `rows` rows, on this
+machine, for this target and dtype. Measured once (a few seconds) and cached as JSON under the cache directory, so a
+draft budget can be priced from the device's cost curve instead of from trial rounds at run time.
+
+    python -m eagle3.profile [--target NAME] [--dtype bf16|fp32] [--force]
+"""
+import argparse
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from . import hardware
+from .target import cache_dir
+
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+NODES = (1, 2, 4, 8, 16, 32)
+CONTEXT = 256  # committed tokens per row: attention over them is part of the cost
+
+
+@dataclass
+class Profile:
+    key: str
+    rows: list
+    nodes: list
+    seconds: list  # seconds[i][j]: rows[i] rows x nodes[j] nodes
+
+    def cost(self, rows, nodes):
+        """Seconds of a verify forward, interpolated (linearly, and past the grid's end too) in rows, then nodes."""
+        per_nodes = [_interp(rows, self.rows, [s[j] for s in self.seconds]) for j in range(len(self.nodes))]
+        return _interp(nodes, self.nodes, per_nodes)
+
+
+def _interp(x, xs, ys):
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]
+    i = next((i for i in range(1, len(xs) - 1) if x <= xs[i]), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+
+
+def profile_key(target) -> str:
+    """What the cost depends on: the machine, the target, its dtype and device, int4 layers or not."""
+    w = target.model.embed_tokens.weight
+    int4 = any(getattr(m, "_int4", None) is not None for m in target.model.modules())
+    return f"{hardware.describe()} | {target.name} | {w.dtype} | {w.device} | int4={int4}"
+
+
+def _median_s(fn, reps):
+    fn()  # warm-up: one-off kernel set-up is not the steady cost
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3) -> Profile:
+    model, dev = target.model, target.model.embed_tokens.weight.device
+    context = min(context, target.max_context - max(nodes) - 1)
+    seconds = []
+    for B in rows:
+        cache = model.new_cache(B, context + max(nodes))
+        cache.lens[:] = context  # the K/V values do not change the cost
+        line = []
+        for N in nodes:
+            toks = torch.randint(0, target.config.vocab_size, (B, N), device=dev)
+            pos = (context + torch.arange(N, device=dev)).expand(B, N)
+            mask = torch.ones(N, N, dtype=torch.bool, device=dev).tril().expand(B, N, N)  # a chain costs as any tree
+            line.append(_median_s(lambda: model(toks, pos, cache, mask), reps))
+        seconds.append(line)
+    return Profile(profile_key(target), list(rows), list(nodes), seconds)
+
+
+def profile_path(target) -> Path:
+    return cache_dir() / "profiles" / (hashlib.sha256(profile_key(target).encode()).hexdigest()[:16] + ".json")
+
+
+def load_or_measure(target, force=False, **kw) -> Profile:
+    """The cached profile for this machine, target and dtype; measured (and cached) when there is none."""
+    path = profile_path(target)
+    if path.exists() and not force:
+        return Profile(**json.loads(path.read_text()))
+    prof = measure(target, **kw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(prof), indent=1))
+    tmp.replace(path)  # never a half-written profile, even if two processes measure at once
+    return prof
+
+
+def main():
+    from .target import DEFAULT_TARGET, load_target
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--force", action="store_true", help="measure again even if a profile is cached")
+    a = ap.parse_args()
+    target = load_target(a.target, dtype=a.dtype)
+    prof = load_or_measure(target, force=a.force)
+    print(prof.key)
+    print(profile_path(target))
+    print("| rows \\ nodes | " + " | ".join(map(str, prof.nodes)) + " |")
+    print("|---|" + "---|" * len(prof.nodes))
+    for r, line in zip(prof.rows, prof.seconds):
+        print(f"| {r} | " + " | ".join(f"{s * 1e3:.1f} ms" for s in line) + " |")
+
+
+if __name__ == "__main__":
+    main()

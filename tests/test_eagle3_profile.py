@@ -1,0 +1,31 @@
+"""eagle3.profile: the verify-cost table is measured once per machine, target and dtype, then read from its cache."""
+import pytest
+import torch
+
+from eagle3.profile import Profile, load_or_measure, profile_key, profile_path
+from eagle3_helpers import small_vocab_target
+
+GRID = dict(rows=(1, 4), nodes=(1, 8), context=32, reps=1)
+
+
+def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path))
+    target = small_vocab_target(layers=2)
+    first = load_or_measure(target, **GRID)
+    assert first.rows == [1, 4] and first.nodes == [1, 8]
+    assert all(s > 0 for line in first.seconds for s in line)
+    path = profile_path(target)
+    assert path.parent.parent == tmp_path and path.exists()
+    stamp = path.stat().st_mtime_ns
+    again = load_or_measure(target, **GRID)
+    assert again == first and path.stat().st_mtime_ns == stamp  # read back, not measured again
+    assert load_or_measure(target, force=True, **GRID).seconds != first.seconds  # --force measures anew
+    other = small_vocab_target(layers=2, dtype=torch.bfloat16)
+    assert profile_key(other) != profile_key(target) and profile_path(other) != path  # per dtype
+
+
+def test_cost_interpolates_within_and_beyond_the_grid():
+    prof = Profile("k", [1, 4], [1, 8], [[1.0, 2.0], [3.0, 9.0]])
+    assert prof.cost(1, 1) == 1.0 and prof.cost(4, 8) == 9.0
+    assert prof.cost(1, 4.5) == 1.5 and prof.cost(2.5, 1) == 2.0
+    assert prof.cost(8, 8) == pytest.approx(2 + 7 * 7 / 3)  # rows past the grid: the last segment's slope
