@@ -208,7 +208,7 @@ class KVCache:
 
     def keep(self, rows):
         """Keep these rows, in this order: row j becomes old row rows[j]. In place when every rows[j] >= j (in
-        ascending order, or what _Rows.retire returns): a copy of the whole cache per finished row costs ~0.1 s at
+        ascending order, or what Rows.retire returns): a copy of the whole cache per finished row costs ~0.1 s at
         batch 32, moving the few rows that change place almost nothing."""
         order = list(rows)  # a list of ints: the checks below run in Python, with no device sync
         idx = torch.as_tensor(order, dtype=torch.long, device=self.lens.device)
