@@ -52,7 +52,11 @@ class _Stat:
 @dataclass
 class SpeculationPolicy:
     configured: tuple                   # the decoder's (parallel_degree, depth, total_tokens)
-    alpha: float = 0.2                  # weight of the newest sample in the moving averages
+    alpha: float = 0.2                  # weight of the newest sample in the moving average of round seconds
+    # ... and of tau. One round emits anywhere from 1 to depth + 1 tokens, so a 5-round average (0.2) let two
+    # unlucky rounds make a paying tree look worse than a plain step, which then held for up to 2048 rounds: at batch 1
+    # it took plain steps (0.99x vanilla) where a 3-node tree gives 1.21x. A ~20-round average (0.05) keeps it.
+    tau_alpha: float = 0.05
     explore_every: int = 64             # rounds per bucket before the first re-measurement
     max_explore_every: int = 2048       # ... doubling up to this while the best stays the same
     margin: float = 0.9                 # try the next larger tree if this one reached margin x the best rate
@@ -126,7 +130,7 @@ class SpeculationPolicy:
             spent[1] += seconds + switch_s
         self.seconds.setdefault((shape, b), _Stat()).add(seconds / rows, self.alpha, now, skip_first=True)
         if shape is not PLAIN:
-            self.tau.setdefault((shape, greedy), _Stat()).add(tokens_per_row, self.alpha, now)
+            self.tau.setdefault((shape, greedy), _Stat()).add(tokens_per_row, self.tau_alpha, now)
 
     def summary(self):
         """{bucket rows label: best candidate} with the current estimates, for logs and benchmarks."""
