@@ -1,8 +1,8 @@
 """Adaptive speculation: pick each round's draft tree — or no tree at all — from measured throughput.
 
-Whether a tree pays depends on the device and on how many rows share the verify forward: at batch 1 on a CPU a
-16-node tree is nearly free (bench/results/engine.md), at batch 8 eight such trees cost more than they save. So the
-policy measures instead of guessing. For every candidate (a plain step, or one of a few tree shapes no larger than
+Whether a tree pays depends on the device, the weight format and how many rows share the verify forward: with fp32
+weights on a CPU a 16-node tree at batch 1 is nearly free (bench/results/engine.md), with bf16 + int4 a 3-node tree is
+what pays, and at batch 8 eight trees can cost more than they save. So the policy measures instead of guessing. For every candidate (a plain step, or one of a few tree shapes no larger than
 the configured one) it keeps
   - tau: tokens emitted per row per round (moving average; shared by all batch sizes, since acceptance depends on
     the head and the text, not on the batch), per greedy/sampled mode, and
