@@ -1,4 +1,4 @@
-"""t(K): cost of one target forward over K new tokens at context C, for the engine (oneDNN-packed and plain
+"""t(K): cost of one target forward over K new tokens at context C, for the fp32 engine (oneDNN-packed and plain
 torch GEMM) and for Hugging Face transformers, side by side in one run.
 
     python -m bench.engine [--context 200] [--reps 10]
@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, context {a.context}", flush=True)
-    target = load_target(DEFAULT_TARGET)
+    target = load_target(DEFAULT_TARGET, dtype="float32", int4=False)  # what it compares: fp32 GEMM layouts vs HF
     rows = {"engine (oneDNN packed)": engine_times(target.model, a.context, a.reps)}
     print("measured engine (packed)", flush=True)
     pack_linears(target.model, on=False)
