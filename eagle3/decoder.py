@@ -16,7 +16,7 @@ from .drafters import DRAFTERS
 from .policy import PLAIN, SpeculationPolicy
 from .target import Target
 from .tree import root_only
-from .verify import Accepted, verify_greedy, verify_sampling, warp
+from .verify import Accepted, greedy, verify_greedy, verify_sampling, warp
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
@@ -184,7 +184,7 @@ class SpeculativeDecoder:
 
     def _pick(self, logits, sampling):
         if sampling["temperature"] == 0:
-            return logits.argmax(-1)
+            return greedy(logits)
         probs = warp(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
         return torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=sampling["generator"]).view(probs.shape[:-1])
 
