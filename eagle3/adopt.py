@@ -6,10 +6,8 @@ generate(do_sample=False); load_target's hardware default (bf16 on some CPUs) wo
 import json
 from pathlib import Path
 
-import torch
 
-from .layers import Rope
-from .target import HFTokenizer, LlamaModel, Target, TargetConfig, _fuse_hf_state, load_target
+from .target import HFTokenizer, Target, TargetConfig, build_model, load_target
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")  # the layouts LlamaModel computes exactly
 
@@ -69,14 +67,10 @@ def target_from_hf(model, tokenizer=None, max_context=None) -> Target:
     config = TargetConfig.from_hf(hf)
     config.eos_token_ids = sorted(set(config.eos_token_ids) | set(_ids(model.generation_config.eos_token_id)))
     w = model.get_input_embeddings().weight
-    with torch.device("meta"):
-        engine = LlamaModel(config)
     try:
-        engine.load_state_dict(_fuse_hf_state(model.state_dict()), strict=True, assign=True)
+        engine = build_model(config, model.state_dict(), w.device, w.dtype)
     except RuntimeError as e:
         raise ValueError(f"model: its weights do not fit the {hf['model_type']} layout: {e}") from None
-    engine.rope = Rope(config.head_dim, config.rope_theta, config.max_position_embeddings)
-    engine = engine.to(device=w.device, dtype=w.dtype).eval().pack()
     tok = _tokenizer(model, tokenizer, config.vocab_size)
     # Mistral attends to a sliding window: within it that is full attention, which is what the engine does.
     window = hf.get("sliding_window") if hf["model_type"] == "mistral" else None

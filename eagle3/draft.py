@@ -150,7 +150,6 @@ class Eagle3Head(nn.Module):
         sd.pop("embed_tokens.weight", None)  # some releases ship a copy of the target's embedding; we use the target's
         with torch.device("meta"):
             head = cls(c)
-        head.rope = Rope(c.head_dim, c.rope_theta, c.max_position_embeddings)
         sd.setdefault("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))  # absent: full vocabulary
         sd.setdefault("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
         sd["t2d"] = sd["t2d"].bool()

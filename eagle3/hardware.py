@@ -14,15 +14,23 @@ _BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 @lru_cache(maxsize=1)
-def cpu_flags() -> frozenset:
+def _cpuinfo() -> dict:
+    """The first processor's /proc/cpuinfo fields ({} where there is none)."""
+    info = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
     except OSError:
         pass
-    return frozenset()
+    return info
+
+
+def cpu_flags() -> frozenset:
+    return frozenset(_cpuinfo().get("flags", "").split())
 
 
 def cpu_has_bf16() -> bool:
@@ -49,12 +57,7 @@ def default_dtype(device) -> torch.dtype:
 def describe() -> str:
     """One line for benchmark reports: CPU model, the ISA torch dispatches to, the flags that decide dtype, threads."""
     flags = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in cpu_flags()]
-    model = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
-    except OSError:
-        pass
+    model = _cpuinfo().get("model name") or platform.processor() or "cpu"
     gpu = f", CUDA {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), "
             f"flags {' '.join(flags) or '-'}, threads {torch.get_num_threads()}{gpu}")

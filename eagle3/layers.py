@@ -91,7 +91,7 @@ class Rope(nn.Module):
     def __init__(self, head_dim: int, theta: float, max_positions: int):
         super().__init__()
         self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
-        self._build(torch.device("cpu"))
+        self._build(torch.device("cpu"))  # a real table even when the model is built on the meta device
 
     def _build(self, device):
         f64 = dict(dtype=torch.float64, device=device)

@@ -16,8 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from .hardware import default_dtype, parse_dtype
 from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, int4_supported,
-                     stream_dtype,
-                     pack_linears, rotate)
+                     pack_linears, rotate, stream_dtype)
 from .quant import load_q4_1, quantize_layers_q4
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -342,18 +341,22 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
         return Target(model, ByteTokenizer(), "tiny", max_context)
     path = _model_dir(name)
     config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
-    with torch.device("meta"):
-        model = LlamaModel(config)
-    state = _fuse_hf_state(_read_hf_weights(path))
-    model.load_state_dict(state, strict=True, assign=True)
-    model.rope = Rope(config.head_dim, config.rope_theta, config.max_position_embeddings)
     dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
-    model = model.to(device=device, dtype=dtype).eval().pack()
+    model = build_model(config, _read_hf_weights(path), device, dtype)
     if name == DEFAULT_TARGET and _want_int4(int4, model):
         load_q4_1(model, default_gguf())  # exactly the GGUF's Q4_1 weights
     elif int4:
         quantize_layers_q4(model)  # asked for explicitly: re-quantised, so no longer exactly this checkpoint
     return Target(model, HFTokenizer(path), _display_name(name, path), max_context)
+
+
+def build_model(config: TargetConfig, hf_state: dict, device, dtype) -> LlamaModel:
+    """Our engine over a Hugging Face Llama-layout state dict (fused on the way in), ready for inference. Raises
+    RuntimeError when the tensors do not fit the config."""
+    with torch.device("meta"):  # no memory for weights that load_state_dict replaces (the rope table is real)
+        model = LlamaModel(config)
+    model.load_state_dict(_fuse_hf_state(hf_state), strict=True, assign=True)
+    return model.to(device=device, dtype=dtype).eval().pack()
 
 
 def _want_int4(int4, model) -> bool:
