@@ -200,7 +200,7 @@ class SpeculativeDecoder:
             self._speculative_rounds(batch, DRAFTERS[self.drafter](self.target, self.head, self.configured), pick,
                                      sampling, totals)
         else:
-            self._vanilla_steps(batch, pick, sampling)
+            self._vanilla_steps(batch, pick)
         wall = batch.elapsed()
         rows, out = batch.rows, []
         for s in range(len(ids)):
@@ -217,7 +217,7 @@ class SpeculativeDecoder:
         totals["wall_time_s"] += wall
         return out
 
-    def _vanilla_steps(self, batch, pick, sampling):
+    def _vanilla_steps(self, batch, pick):
         one = torch.ones(1, 1, 1, dtype=torch.bool, device=self.target.device)
         rows = batch.rows
         while True:
@@ -229,10 +229,10 @@ class SpeculativeDecoder:
             cache = batch.cache
             logits, _ = self.model(batch.root[:, None], cache.lens[:, None], cache, one.expand(batch.size, 1, 1))
             cache.lens += 1
-            batch.root = tok = self._pick(logits[:, 0], sampling)
-            for i, s in enumerate(rows.live):
+            batch.root = pick(logits[:, 0])
+            for s, tok in zip(rows.live, batch.root.tolist()):  # one host copy, not one per row
                 rows.forwards[s] += 1
-                rows.emit(s, [int(tok[i])])
+                rows.emit(s, [tok])
 
     def _speculative_rounds(self, batch, drafter, pick, sampling, totals):
         greedy = sampling["temperature"] == 0
