@@ -68,7 +68,7 @@ def main():
     print("\n| batch | vanilla tok/s | EAGLE-3 tok/s | tau | speedup | identical |\n|---|---|---|---|---|---|", flush=True)
     for batch in a.batches:
         ps = (prompts * (1 + batch // len(prompts)))[: max(batch, 4 if batch == 1 else batch)]
-        decode(dec, ps[:batch], batch, 8, True)  # warm-up: kernels, allocator, the adaptive policy
+        decode(dec, ps[:batch], batch, 8, True)  # warm-up: kernels, allocator, the draft budget's calibration
         v, _, vids = decode(dec, ps, batch, new_tokens, False)
         e, tau, eids = decode(dec, ps, batch, new_tokens, True)
         print(f"| {batch} | {v:.1f} | {e:.1f} | {tau:.2f} | {e / v:.2f}x | {sum(x == y for x, y in zip(vids, eids))}/{len(ps)} |",

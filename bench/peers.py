@@ -81,7 +81,7 @@ def main():
     for batch in a.batches:
         ps = (prompts * (1 + batch // len(prompts)))[:batch] if batch > 1 else prompts[:4]
         warm = [p["prompt"] for p in training_prompts(2 * batch)[-batch:]]
-        dec.generate(warm, max_new_tokens=32, batch_size=batch)  # warm the policy, as a running worker is
+        dec.generate(warm, max_new_tokens=32, batch_size=batch)  # warm the draft budget, as a running worker is
         got = {"llama.cpp": [], "engine vanilla": [], "engine EAGLE-3": []}
         taus = []
         for rep in range(a.reps):  # alternated: one of each per repetition

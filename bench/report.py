@@ -7,7 +7,7 @@ Decoders (greedy): HF transformers generate(); HF prompt-lookup decoding (genera
 which HF supports at batch 1 only, so at larger batches its rows run one at a time); the engine's vanilla decode;
 EAGLE-3 with the fixed default tree (adaptive=False); EAGLE-3 as the worker runs it (adaptive, the default); and
 adaptive EAGLE-3 with validation_threshold=0.9 (not lossless). The adaptive decoders are warmed up first on other
-prompts at each batch size, as a long-running worker is: the policy has then measured its candidates."""
+prompts at each batch size, as a long-running worker is: the draft budget has then calibrated its acceptance estimates."""
 import argparse
 import json
 import os
@@ -93,7 +93,7 @@ def main():
     for b in a.batch:
         log(f"batch {b}: warming up the adaptive decoders")
         for name, dec in decoders.items():
-            if dec.policy:
+            if dec.budget:
                 for _ in range(2):
                     dec.generate(warm[: max(b, 4) * 2], a.max_new_tokens, batch_size=b)
         log(f"batch {b}: vanilla")
@@ -114,7 +114,7 @@ def main():
             rows.append(dict(batch=b, name=name, tps=r["tps"], tau=r["tau"], x_van=r["tps"] / van["tps"],
                              x_hf=r["tps"] / hf if hf else None, same=same, plain=r.get("plain")))
             log(f"  {name:<36} {r['tps']:7.1f} tok/s  {r['tps'] / van['tps']:.2f}x vanilla")
-    adaptive = decoders["EAGLE-3 adaptive (worker default)"].policy
+    adaptive = decoders["EAGLE-3 adaptive (worker default)"].budget
     end = e2e(a.e2e_prompts, a.max_new_tokens, log) if not a.no_e2e else None
     write(a, rows, adaptive, end, target, fixed, len(prompts), time.time() - t_start)
     plot(rows, a.batch, a.plot)
@@ -131,14 +131,14 @@ def write(a, rows, policy, end, target, dec, n_prompts, wall):
         f"from one run, side by side (ratios; the machine is noisy). Report wall time {wall / 60:.1f} min.", "",
         "tau = new tokens per target forward after the prefill (plain steps count as 1). 'identical' = outputs "
         "token-identical to the engine's vanilla decode. 'plain steps' = rows decoded with a plain step because the "
-        "adaptive policy measured no tree faster at that batch size.", "",
+        "draft budget priced no draft node as paying at that batch size.", "",
         "| batch | decoder | tokens/s | tau | × vanilla | × HF generate | identical | plain steps |",
         "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         same = f"{r['same']}/{n_prompts}" if r["same"] is not None else "-"
         lines.append(f"| {r['batch']} | {r['name']} | {r['tps']:.1f} | {f(r['tau'])} | {r['x_van']:.2f} | "
                      f"{f(r['x_hf'])} | {same} | {r['plain'] if r['plain'] is not None else '-'} |")
-    lines += ["", "Adaptive policy's choice per batch size after this run (None = plain step): "
+    lines += ["", "Draft budget's choices per batch size in this run (share of rounds by draft depth): "
               f"`{policy.summary()}`", "", "![speed](results/speed.png)", ""]
     if end:
         st = end["job"]["stats"]

@@ -13,7 +13,8 @@ from .adopt import as_target
 from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
 from .drafters import DRAFTERS
-from .policy import PLAIN, SpeculationPolicy
+from .budget import PLAIN, DraftBudget
+from .profile import load_or_measure
 from .target import Target
 from .tree import root_only
 from .verify import Accepted, greedy, verify_greedy, verify_sampling, warp
@@ -72,9 +73,11 @@ class SpeculativeDecoder:
         verify forward and draft step dearer; on a CPU small trees win.
     depth: tree levels drafted per round (the most tokens one round can accept, plus the target's bonus token).
     total_tokens: tree nodes verified per round, root included.
-    adaptive: pick each round's tree, or a plain decode step, by measured throughput at the current batch size
-        (eagle3/policy.py): every row's tree adds to the verify forward, so what pays at batch 1 can lose at batch 8.
-        The tree never grows past the configured one. False: always use the configured tree.
+    adaptive: a draft budget per round (eagle3/budget.py): how deep to draft, and how many of each row's surest
+        nodes to verify — or a plain decode step — priced by this device's cost curve (eagle3/profile.py, measured
+        once per machine and cached) against calibrated acceptance: every row's tree adds to the verify forward, so
+        what pays at batch 1 can lose at batch 8. The tree never grows past the configured one. False: always verify
+        the configured tree.
     validation_threshold: 1.0 (default) is strict, lossless verification. Below 1.0 a drafted token is also accepted
         when the target gives it at least threshold x its top probability: more tokens per forward (faster), but
         the output is no longer exactly the target's — a fidelity/speed trade-off, off by default.
@@ -97,7 +100,7 @@ class SpeculativeDecoder:
         self.head = resolve_head(self.target, draft)
         self.k, self.threshold, self.depth, self.total_tokens = parallel_degree, float(validation_threshold), depth, total_tokens
         self.configured, self.drafter = (parallel_degree, depth, total_tokens), drafter
-        self.policy = SpeculationPolicy(self.configured) if adaptive else None
+        self.budget = DraftBudget(self.configured) if adaptive else None
         self.last_stats = {}
 
     # ------------------------------------------------------------ public API
@@ -235,7 +238,8 @@ class SpeculativeDecoder:
                 rows.emit(s, [tok])
 
     def _speculative_rounds(self, batch, drafter, pick, sampling, totals):
-        greedy = sampling["temperature"] == 0
+        if self.budget and self.budget.profile is None:
+            self.budget.profile = load_or_measure(self.target)  # cached per machine: seconds, once
         while True:
             keep = batch.retire()
             if keep is not None:
@@ -246,34 +250,42 @@ class SpeculativeDecoder:
                 continue  # a new row may be done at its first token
             if not batch.size:
                 return
-            shape = self.policy.choose(batch.size, greedy) if self.policy else self.configured
-            self._round(batch, drafter, shape, sampling, totals)
+            self._round(batch, drafter, sampling, totals)
 
-    def _round(self, batch, drafter, shape, sampling, totals):
-        """One round over every live row: propose -> verify -> accept -> commit. PLAIN: a plain decode step (each
-        row's root alone)."""
+    def _propose(self, batch, drafter, greedy):
+        """The round's trees: the drafter's, trimmed to the budget; root-only (a plain step) when drafting does not
+        pay. Returns the tree and the drafter's shape (PLAIN when it did not draft)."""
+        shape = self.budget.plan(batch.size, greedy) if self.budget else self.configured
+        if shape is PLAIN:
+            return root_only(batch.root), shape
+        drafter.prepare(batch)
+        tree = drafter.propose(batch, shape)
+        return (self.budget.trim(tree, greedy) if self.budget else tree), shape
+
+    def _round(self, batch, drafter, sampling, totals):
+        """One round over every live row: propose -> verify -> accept -> commit."""
+        greedy = sampling["temperature"] == 0
         t0 = time.perf_counter()
-        if shape is not PLAIN:  # the drafter's one-off catch-up: draft time, but not the round's measured cost
-            drafter.prepare(batch)
+        tree, shape = self._propose(batch, drafter, greedy)
         t1 = time.perf_counter()
-        tree = root_only(batch.root) if shape is PLAIN else drafter.propose(batch, shape)
-        t2 = time.perf_counter()
         logits, feats = self.model(tree.tokens, batch.cache.lens[:, None] + tree.depth, batch.cache, tree.mask)
         acc = self._accept(tree, logits, sampling)
         emitted = batch.commit(tree, acc)
-        t3 = time.perf_counter()
+        t2 = time.perf_counter()
         drafter.observe(batch, tree, acc, feats, emitted)
-        t4 = time.perf_counter()
-        totals["draft_time_s"] += (t2 - t0) + (t4 - t3)
-        totals["verify_time_s"] += t3 - t2
-        n, lengths = batch.size, acc.length.tolist()
-        if shape is PLAIN:
-            totals["plain_steps"] += n
+        t3 = time.perf_counter()
+        self._count(totals, tree, acc, t1 - t0 + t3 - t2, t2 - t1)
+        if self.budget:
+            self.budget.observe(shape, tree, acc, greedy, t2 - t1, t1 - t0 + t3 - t2)
+
+    def _count(self, totals, tree, acc, draft_s, verify_s):
+        totals["draft_time_s"] += draft_s
+        totals["verify_time_s"] += verify_s
+        if tree.size == 1:
+            totals["plain_steps"] += len(tree.tokens)
         else:
-            for ln in lengths:
+            for ln in acc.length.tolist():
                 totals["accept_hist"][ln - 1] += 1  # rounds that emitted ln tokens
-        if self.policy:
-            self.policy.observe(shape, n, sampling["temperature"] == 0, t4 - t1, sum(lengths) / n, t1 - t0)
 
     def _accept(self, tree, logits, sampling):
         """The accepted path and bonus token per row; a plain step picks as vanilla decoding does."""

@@ -20,6 +20,7 @@ from .target import cache_dir
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 NODES = (1, 2, 4, 8, 16, 32)
 CONTEXT = 256  # committed tokens per row: attention over them is part of the cost
+MAX_TOKENS = 512  # larger forwards are extrapolated from a row's last two cells: the cost is linear there
 
 
 @dataclass
@@ -44,10 +45,11 @@ def _interp(x, xs, ys):
 
 
 def profile_key(target) -> str:
-    """What the cost depends on: the machine, the target, its dtype and device, int4 layers or not."""
+    """What the cost depends on: the machine, the target (name and size), its dtype and device, int4 layers or not."""
     w = target.model.embed_tokens.weight
     int4 = any(getattr(m, "_int4", None) is not None for m in target.model.modules())
-    return f"{hardware.describe()} | {target.name} | {w.dtype} | {w.device} | int4={int4}"
+    params = sum(p.numel() for p in target.model.parameters())
+    return f"{hardware.describe()} | {target.name} ({params} parameters) | {w.dtype} | {w.device} | int4={int4}"
 
 
 def _median_s(fn, reps):
@@ -61,7 +63,7 @@ def _median_s(fn, reps):
 
 
 @torch.no_grad()
-def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3) -> Profile:
+def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3, max_tokens=MAX_TOKENS) -> Profile:
     model, dev = target.model, target.model.embed_tokens.weight.device
     context = min(context, target.max_context - max(nodes) - 1)
     seconds = []
@@ -70,6 +72,9 @@ def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3) -> Profile:
         cache.lens[:] = context  # the K/V values do not change the cost
         line = []
         for N in nodes:
+            if B * N > max_tokens and len(line) >= 2:
+                line.append(_interp(N, nodes[: len(line)], line))
+                continue
             toks = torch.randint(0, target.config.vocab_size, (B, N), device=dev)
             pos = (context + torch.arange(N, device=dev)).expand(B, N)
             mask = torch.ones(N, N, dtype=torch.bool, device=dev).tril().expand(B, N, N)  # a chain costs as any tree

@@ -14,6 +14,9 @@ class Tree:
     depth: torch.Tensor    # [B, N] root = 0
     mask: torch.Tensor     # [B, N, N] node i sees node j: j is i or an ancestor of i
     valid: torch.Tensor | None = None  # [B, N] False: padding, never accepted (None: every node is a draft)
+    # [B, N] the drafter's confidence that a node is accepted: its cumulative draft probability (root 1, padding 0).
+    # The draft budget (eagle3/budget.py) calibrates it against measured acceptance and keeps the surest nodes.
+    score: torch.Tensor | None = None
 
     @property
     def size(self):
@@ -25,6 +28,12 @@ class Tree:
         return [[(p, t) for p, t, ok in zip(ps[1:], ts[1:], vs[1:]) if ok]
                 for ps, ts, vs in zip(self.parents.tolist(), self.tokens.tolist(), valid)]
 
+    def node_scores(self):
+        """Per row, the scores of the nodes that nodes() lists (1.0 where the drafter gave none)."""
+        valid = [[True] * self.size] * len(self.tokens) if self.valid is None else self.valid.tolist()
+        score = [[1.0] * self.size] * len(self.tokens) if self.score is None else self.score.tolist()
+        return [[s for s, ok in zip(ss[1:], vs[1:]) if ok] for ss, vs in zip(score, valid)]
+
 
 def root_only(root_tokens):
     """The tree of a plain decode step: each row's root alone."""
@@ -33,22 +42,39 @@ def root_only(root_tokens):
     return Tree(root_tokens[:, None], zeros, zeros, torch.ones(B, 1, 1, dtype=torch.bool, device=dev))
 
 
-def from_nodes(root_tokens, nodes):
+def from_nodes(root_tokens, nodes, scores=None):
     """A batch's trees from per-row lists of (parent, token) draft nodes (node i + 1 is pair i; parents precede
-    children). Rows are padded to the longest with nodes under the root that are marked invalid."""
+    children) and, optionally, per-row lists of their scores (Tree.score). Rows are padded to the longest with
+    nodes under the root that are marked invalid."""
     B, dev = len(root_tokens), root_tokens.device
     N = 1 + max(map(len, nodes))
     parents = [[0] * N for _ in range(B)]
     tokens = [[0] * N for _ in range(B)]
     valid = [[True] + [False] * (N - 1) for _ in range(B)]
+    score = [[1.0] + [0.0] * (N - 1) for _ in range(B)]
     for b, row in enumerate(nodes):
         for i, (p, t) in enumerate(row, 1):
             parents[b][i], tokens[b][i], valid[b][i] = p, t, True
+        if scores is not None:
+            score[b][1: 1 + len(row)] = scores[b]
     tokens = torch.tensor(tokens, device=dev)
     tokens[:, 0] = root_tokens
     parents = torch.tensor(parents, device=dev)
     mask, depth = ancestor_mask(parents)
-    return Tree(tokens, parents, depth, mask, torch.tensor(valid, device=dev))
+    return Tree(tokens, parents, depth, mask, torch.tensor(valid, device=dev),
+                None if scores is None else torch.tensor(score, device=dev))
+
+
+def prune(tree, keep):
+    """The sub-trees of the nodes `keep` [B, n] (per row ascending node indices, 0 first, closed under ancestors)."""
+    B, n = keep.shape
+    dev = keep.device
+    node_of = torch.zeros(B, tree.size, dtype=torch.long, device=dev)  # old node -> new node
+    node_of.scatter_(1, keep, torch.arange(n, device=dev).expand(B, n))
+    parents = node_of.gather(1, tree.parents.gather(1, keep))
+    mask, depth = ancestor_mask(parents)
+    pick = lambda x: None if x is None else x.gather(1, keep)  # noqa: E731
+    return Tree(tree.tokens.gather(1, keep), parents, depth, mask, pick(tree.valid), pick(tree.score))
 
 
 def ancestor_mask(parents):
@@ -120,4 +146,5 @@ def _select(cand_tok, cand_score, cand_parent, root_tokens, head, total_tokens, 
     tokens = torch.cat([root_tokens[:, None], head.to_target_ids(cand_tok.gather(1, keep))], 1)
     parents = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev), parents], 1)
     mask, dep = ancestor_mask(parents)
-    return Tree(tokens, parents, dep, mask)
+    score = torch.cat([torch.ones(B, 1, device=dev), cand_score.gather(1, keep).exp()], 1)
+    return Tree(tokens, parents, dep, mask, score=score)

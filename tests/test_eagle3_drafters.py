@@ -63,15 +63,16 @@ def test_suffix_index_finds_the_longest_match_most_recent_first():
 
 def test_trie_keeps_shared_nodes_parents_first():
     conts = [[1, 2, 3], [1, 2, 4], [1, 5], [6]]
-    assert trie_nodes(conts, k=2, budget=10, min_prob=0.0) == [(0, 1), (0, 6), (1, 2), (1, 5), (3, 3), (3, 4)]
-    assert trie_nodes(conts, k=2, budget=3, min_prob=0.0) == [(0, 1), (0, 6), (1, 2)]
-    assert trie_nodes(conts, k=1, budget=10, min_prob=0.5) == [(0, 1), (1, 2)]  # on half of the lists at least
+    assert trie_nodes(conts, k=2, budget=10, min_prob=0.0)[0] == [(0, 1), (0, 6), (1, 2), (1, 5), (3, 3), (3, 4)]
+    assert trie_nodes(conts, k=2, budget=3, min_prob=0.0)[0] == [(0, 1), (0, 6), (1, 2)]
+    assert trie_nodes(conts, k=1, budget=10, min_prob=0.5)[0] == [(0, 1), (1, 2)]  # on half of the lists at least
+    assert trie_nodes(conts, k=2, budget=3, min_prob=0.0)[1] == [0.75, 0.25, 0.5]  # each node's share of the lists
 
 
 def test_graft_merges_shared_prefixes():
-    head = [(0, 5), (0, 6), (1, 7)]                     # 5 -> 7, and 6
-    assert graft(head, [(0, 5), (1, 7), (2, 8)]) == head + [(3, 8)]
-    assert graft(head, [(0, 9)]) == head + [(0, 9)]
+    head, scores = [(0, 5), (0, 6), (1, 7)], [0.9, 0.05, 0.4]  # 5 -> 7, and 6
+    assert graft(head, scores, [(0, 5), (1, 7), (2, 8)], [0.8, 0.8, 0.7]) == (head + [(3, 8)], [0.9, 0.05, 0.8, 0.7])
+    assert graft(head, scores, [(0, 9)], [0.2]) == (head + [(0, 9)], scores + [0.2])
 
 
 def test_padding_nodes_are_never_accepted():

@@ -29,3 +29,12 @@ def test_cost_interpolates_within_and_beyond_the_grid():
     assert prof.cost(1, 1) == 1.0 and prof.cost(4, 8) == 9.0
     assert prof.cost(1, 4.5) == 1.5 and prof.cost(2.5, 1) == 2.0
     assert prof.cost(8, 8) == pytest.approx(2 + 7 * 7 / 3)  # rows past the grid: the last segment's slope
+
+
+def test_forwards_past_max_tokens_are_extrapolated_not_measured():
+    from eagle3.profile import measure
+
+    prof = measure(small_vocab_target(layers=2), rows=(1, 4), nodes=(1, 2, 4), context=32, reps=1, max_tokens=4)
+    one, two, four = prof.seconds[1]  # 4 rows: 4 and 8 tokens measured (two cells at least), 16 extrapolated
+    assert four == pytest.approx(max(two + 2 * (two - one), 0.0))  # the line through the last two cells
+    assert prof.seconds[0][2] != pytest.approx(prof.seconds[0][1] + 2 * (prof.seconds[0][1] - prof.seconds[0][0]))

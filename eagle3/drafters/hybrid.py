@@ -7,19 +7,22 @@ from .eagle import EagleDrafter
 from .suffix import SuffixDrafter
 
 
-def graft(nodes, extra):
+def graft(nodes, scores, extra, extra_scores):
     """Add the (parent, token) nodes of tree `extra` to tree `nodes` (same numbering rules), merging a node into an
-    existing one where the parent and token agree. Returns the new list."""
-    nodes = list(nodes)
+    existing one where the parent and token agree; a merged node keeps the higher of its two scores. Returns the
+    new node and score lists."""
+    nodes, scores = list(nodes), list(scores)
     child = {(p, t): i for i, (p, t) in enumerate(nodes, 1)}
     where = {0: 0}  # extra's node -> node in the merged tree
-    for j, (p, t) in enumerate(extra, 1):
+    for j, ((p, t), s) in enumerate(zip(extra, extra_scores), 1):
         key = (where[p], t)
         if key not in child:
             nodes.append(key)
+            scores.append(s)
             child[key] = len(nodes)
+        scores[child[key] - 1] = max(scores[child[key] - 1], s)
         where[j] = child[key]
-    return nodes
+    return nodes, scores
 
 
 class HybridDrafter(Drafter):
@@ -42,10 +45,11 @@ class HybridDrafter(Drafter):
 
     def propose(self, batch, shape):
         k, depth, _ = shape
-        head = self.eagle.propose(batch, shape).nodes()
+        tree = self.eagle.propose(batch, shape)
         # at most `depth` suffix nodes per row: the trees stay within the room the KV caches keep past a row's end
         extra = [self.suffix.draft(slot, k, depth, depth) for slot in batch.rows.live]
-        return from_nodes(batch.root, [graft(h, e) for h, e in zip(head, extra)])
+        merged = [graft(h, hs, *e) for h, hs, e in zip(tree.nodes(), tree.node_scores(), extra)]
+        return from_nodes(batch.root, *zip(*merged))
 
     def observe(self, batch, tree, acc, feats, emitted):
         for part in (self.eagle, self.suffix):

@@ -48,7 +48,8 @@ class SuffixIndex:
 
 def trie_nodes(continuations, k, budget, min_prob):
     """Merge token lists into a trie and keep its most shared nodes: at most `budget`, at most k children per node,
-    each on at least min_prob of the lists. Returns [(parent, token)] with node i + 1 = pair i, parents first."""
+    each on at least min_prob of the lists. Returns [(parent, token)] with node i + 1 = pair i, parents first, and
+    each node's share of the lists (its draft score: the share of recent occurrences that continued this way)."""
     total = len(continuations)
     count, parent, token, level, kids = [total], [-1], [None], [0], [{}]
     for cont in continuations:
@@ -73,7 +74,7 @@ def trie_nodes(continuations, k, budget, min_prob):
     chosen = sorted((i for i in kept if i), key=lambda i: (level[i], i))
     for n, i in enumerate(chosen, 1):
         kept[i] = n
-    return [(kept[parent[i]], token[i]) for i in chosen]
+    return [(kept[parent[i]], token[i]) for i in chosen], [count[i] / total for i in chosen]
 
 
 class SuffixDrafter(Drafter):
@@ -96,13 +97,14 @@ class SuffixDrafter(Drafter):
             self.index.extend(slot, batch.rows.tokens[slot][done:])
 
     def draft(self, slot, k, depth, budget):
-        """One row's draft nodes (see trie_nodes)."""
+        """One row's draft nodes and their scores (see trie_nodes)."""
         n, conts = self.index.continuations(self.index.seqs[slot], depth, self.occurrences)
         if n < self.min_match:
-            return []
+            return [], []
         conts = [c[: self.spec_factor * n] for c in conts]
         return trie_nodes(conts, k, budget, self.min_prob)
 
     def propose(self, batch, shape):
         k, depth, total = shape
-        return from_nodes(batch.root, [self.draft(slot, k, depth, total - 1) for slot in batch.rows.live])
+        nodes, scores = zip(*(self.draft(slot, k, depth, total - 1) for slot in batch.rows.live))
+        return from_nodes(batch.root, nodes, scores)

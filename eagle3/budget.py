@@ -1,0 +1,182 @@
+"""The draft budget: each round, how deep to draft and how many tree nodes to verify per row — from none (a plain
+decode step) up to the drafter's whole tree — priced with the device's cost curve (eagle3/profile.py), not trials.
+
+Why: the verify forward's cost grows with rows x nodes (on a CPU nearly in proportion once past a few dozen tokens,
+bench/results/profile.md), while a drafted node is worth only its chance of being accepted. A node pays when its
+expected tokens beat what its share of the forward would have bought as plain steps, and at batch 8-32 only the
+surest nodes do. Every round:
+
+  1. plan(rows):  before drafting, pick the draft depth with the best expected rate, or PLAIN (no draft, a plain
+     step). Expected tokens come from the running average of recent rounds' gain curves (g[d][n]: expected tokens
+     a row gets from its n surest nodes no deeper than d); costs from the profile, scaled by measured / profiled
+     seconds, plus the drafter's measured seconds per round at that depth. A plain step gives rows / t(rows, 1).
+  2. trim(tree):  every node's score (its cumulative draft probability) is calibrated against measured acceptance
+     (per depth and score bin) and capped by its parent's (a node is accepted only with its parent). The round
+     verifies the N - 1 surest nodes of each row, N maximising (rows + expected accepted) / t(rows, N); rows pad to
+     the longest, so N is one number for the batch. N = 1 turns the round into a plain step.
+  3. observe(...): which verified nodes were accepted updates the calibration; seconds update the cost scales and
+     the drafter's cost.
+
+While plain steps win, the gain curves are not refreshed, so a tree is drafted again after `explore` plain rounds
+(16, doubling up to 1024 while plain keeps winning): at most a few per cent of the rounds.
+"""
+import numpy as np
+import torch
+
+from .tree import prune
+
+PLAIN = None  # no draft this round: one ordinary decode step for every row
+BINS = 10     # calibration bins over the draft score in [0, 1]
+
+
+def bucket(rows: int) -> int:
+    """1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, 9-16 -> 4, ... (draft seconds are kept per bucket)"""
+    return (rows - 1).bit_length()
+
+
+class Calibration:
+    """P(accepted | depth, score bin), by counting verified nodes; `prior` pseudo-nodes at the raw score, so an
+    unmeasured bin trusts the drafter."""
+
+    def __init__(self, depth, prior=4.0):
+        self.hits = np.zeros((depth + 1, BINS))
+        self.seen = np.zeros((depth + 1, BINS))
+        self.prior = prior
+
+    def _bins(self, score, depth):
+        return np.minimum(depth, len(self.hits) - 1), np.minimum((score * BINS).astype(int), BINS - 1)
+
+    def __call__(self, score, depth):
+        d, b = self._bins(score, depth)
+        return (self.hits[d, b] + self.prior * score) / (self.seen[d, b] + self.prior)
+
+    def add(self, score, depth, accepted):
+        d, b = self._bins(score, depth)
+        np.add.at(self.hits, (d, b), accepted)
+        np.add.at(self.seen, (d, b), 1)
+
+
+def surest(score, valid, mask):
+    """Per node, the calibrated chance it is accepted: its own, capped by every ancestor's (numpy [B, N]; root 1,
+    padding 0)."""
+    p = np.where(valid, score, 0.0)
+    p[:, 0] = 1.0
+    return np.where(mask, p[:, None, :], 1.0).min(-1)
+
+
+class DraftBudget:
+    def __init__(self, configured, profile=None, alpha=0.1, first_explore=16, max_explore=1024):
+        self.k, self.depth, self.total = configured
+        self.profile, self.alpha = profile, alpha
+        self.first_explore, self.max_explore = first_explore, max_explore
+        self.calibration = {g: Calibration(self.depth) for g in (True, False)}
+        self.gain = {}         # greedy -> [depth + 1, total] running g[d][n]
+        self.draft_s = {}      # (bucket, depth) -> running seconds of the drafter per round
+        self.scale = {True: 1.0, False: 1.0}  # tree round? -> measured / profiled verify seconds
+        self.waits = {}        # bucket -> [plain rounds since the last tree, plain rounds allowed before a probe]
+        self.used = {}         # (bucket, depth or PLAIN) -> rounds, for summaries
+
+    # ------------------------------------------------------------ costs
+
+    def cost(self, rows, nodes):
+        """Expected seconds of the verify forward (with accept and commit) for `nodes` nodes per row."""
+        return self.profile.cost(rows, nodes) * self.scale[nodes > 1]
+
+    def drafting(self, rows, d):
+        """Expected seconds the drafter spends per round at depth d: measured at this batch size, else scaled from
+        another depth measured at this batch size (a level costs about as much as the first), else 0: unknown, so
+        the first round at a new batch size drafts and measures it."""
+        b = bucket(rows)
+        if (b, d) in self.draft_s:
+            return self.draft_s[(b, d)]
+        near = [(dd, s) for (bb, dd), s in self.draft_s.items() if bb == b]
+        return min((s * (d + 1) / (dd + 1) for dd, s in near), default=0.0)
+
+    def best_nodes(self, rows, curve, extra_s=0.0):
+        """(rate, N) best for a batch whose rows expect curve[n] tokens from their n surest nodes."""
+        rates = [(rows * (1 + curve[n - 2]) / (self.cost(rows, n) + extra_s), n) for n in range(2, len(curve) + 2)]
+        return max(rates, default=(0.0, 1))
+
+    # ------------------------------------------------------------ the round
+
+    def plan(self, rows, greedy):
+        """The depth to draft this round, as the drafter's shape (parallel_degree, depth, total_tokens), or PLAIN."""
+        if greedy not in self.gain:
+            return self._use(rows, self.depth)  # nothing measured yet: draft the whole tree once
+        plain = rows / self.cost(rows, 1)
+        rate, d = max((self.best_nodes(rows, self.gain[greedy][d], self.drafting(rows, d))[0], d)
+                      for d in range(1, self.depth + 1))
+        since, wait = self.waits.setdefault(bucket(rows), [0, self.first_explore])
+        if rate > plain:
+            self.waits[bucket(rows)] = [0, self.first_explore]
+            return self._use(rows, d)
+        if since + 1 >= wait:  # plain keeps winning: look again, later each time
+            self.waits[bucket(rows)] = [0, min(2 * wait, self.max_explore)]
+            return self._use(rows, d)
+        self.waits[bucket(rows)][0] += 1
+        return self._use(rows, PLAIN)
+
+    def _use(self, rows, d):
+        self.used[(bucket(rows), d)] = self.used.get((bucket(rows), d), 0) + 1
+        return PLAIN if d is PLAIN else (self.k, d, self.total)
+
+    def trim(self, tree, greedy):
+        """Keep each row's N - 1 surest nodes, N chosen by expected rate (N = 1: a plain step)."""
+        rows = len(tree.tokens)
+        valid = np.ones(tree.tokens.shape, bool) if tree.valid is None else tree.valid.cpu().numpy()
+        score = np.ones(tree.tokens.shape) if tree.score is None else tree.score.double().cpu().numpy()
+        depth, mask = tree.depth.cpu().numpy(), tree.mask.cpu().numpy()
+        p = surest(self.calibration[greedy](score, depth), valid, mask)
+        self._learn_gain(p, depth, greedy)
+        order = np.argsort(-(p[:, 1:] - 1e-6 * depth[:, 1:]), axis=1, kind="stable") + 1  # parents first on ties
+        curve = np.cumsum(np.take_along_axis(p, order, 1), 1).mean(0)
+        rate, n = self.best_nodes(rows, curve)
+        if rate <= rows / self.cost(rows, 1):
+            n = 1
+        keep = np.sort(np.concatenate([np.zeros((rows, 1), int), order[:, : n - 1]], 1), 1)
+        return prune(tree, torch.from_numpy(keep).to(tree.tokens.device))
+
+    def _learn_gain(self, p, depth, greedy):
+        """Update g[d][n] for every depth this tree reaches (deeper ones keep their estimate)."""
+        fresh = greedy not in self.gain
+        gain = self.gain.setdefault(greedy, np.zeros((self.depth + 1, self.total - 1)))
+        for d in range(1, min(int(depth.max()), self.depth) + 1):
+            q = np.sort(np.where(depth[:, 1:] <= d, p[:, 1:], 0.0), 1)[:, ::-1]
+            curve = np.zeros(self.total - 1)
+            c = np.cumsum(q, 1).mean(0)[: self.total - 1]
+            curve[: len(c)] = c
+            curve[len(c):] = c[-1] if len(c) else 0.0
+            gain[d] = curve if fresh else gain[d] + self.alpha * (curve - gain[d])
+
+    def observe(self, shape, tree, acc, greedy, verify_s, draft_s):
+        """One round's outcome: acceptance of the verified nodes, the verify and draft seconds."""
+        rows, n = len(tree.tokens), tree.size
+        predicted = self.profile.cost(rows, n)
+        self.scale[n > 1] += self.alpha * (verify_s / max(predicted, 1e-9) - self.scale[n > 1])
+        if shape is PLAIN:
+            return
+        key = (bucket(rows), shape[1])
+        self.draft_s[key] = draft_s if key not in self.draft_s else self.draft_s[key] + self.alpha * (draft_s - self.draft_s[key])
+        if n > 1 and tree.score is not None:
+            self._calibrate(tree, acc, greedy)
+
+    def _calibrate(self, tree, acc, greedy):
+        valid = np.ones(tree.tokens.shape, bool) if tree.valid is None else tree.valid.cpu().numpy()
+        path, length = acc.path.cpu().numpy(), acc.length.cpu().numpy()
+        accepted = np.zeros(tree.tokens.shape, bool)
+        on_path = np.arange(path.shape[1])[None, :] < length[:, None]
+        np.put_along_axis(accepted, np.where(on_path, path, 0), True, 1)  # the padding past a path marks the root
+        valid[:, 0] = False
+        score, depth = tree.score.double().cpu().numpy(), tree.depth.cpu().numpy()
+        self.calibration[greedy].add(score[valid], depth[valid], accepted[valid])
+
+    def summary(self):
+        """{batch-size bucket: {depth or "plain": share of rounds}}, for logs and benchmarks."""
+        out = {}
+        for (b, d), n in sorted(self.used.items(), key=lambda x: (x[0][0], -1 if x[0][1] is None else x[0][1])):
+            label = f"{2 ** (b - 1) + 1}-{2 ** b}" if b > 1 else str(b + 1)
+            out.setdefault(label, {})["plain" if d is None else f"depth {d}"] = n
+        for label, counts in out.items():
+            total = sum(counts.values())
+            out[label] = {k: round(v / total, 3) for k, v in counts.items()}
+        return out

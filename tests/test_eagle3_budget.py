@@ -1,0 +1,79 @@
+"""The draft budget: calibrated acceptance, nodes kept by expected rate under the device's cost curve, plain steps
+where no node pays, and probes that grow rarer while plain steps keep winning."""
+import numpy as np
+import pytest
+import torch
+
+from eagle3.budget import PLAIN, Calibration, DraftBudget, surest
+from eagle3.profile import Profile
+from eagle3.tree import from_nodes
+from eagle3.verify import Accepted
+
+# seconds of a verify forward: a fixed part plus a per-token part (a CPU's shape), over rows x nodes
+ROWS, NODES = [1, 8, 32], [1, 2, 4, 8, 16]
+CPU_LIKE = Profile("cpu", ROWS, NODES, [[0.015 + 0.002 * r * n for n in NODES] for r in ROWS])
+FLAT = Profile("flat", ROWS, NODES, [[0.02 for _ in NODES] for _ in ROWS])  # nodes free: a GPU at small batch
+
+
+def chain_tree(rows, scores):
+    """Every row: one chain root -> 1 -> 2 -> ... with the given per-level scores."""
+    nodes = [[(i, 10 + i) for i in range(len(scores))] for _ in range(rows)]
+    return from_nodes(torch.zeros(rows, dtype=torch.long), nodes, [list(scores)] * rows)
+
+
+def test_calibration_trusts_the_drafter_until_it_has_counts():
+    cal = Calibration(depth=3, prior=4.0)
+    s, d = np.array([0.85, 0.15]), np.array([1, 2])
+    assert cal(s, d) == pytest.approx(s)
+    cal.add(np.full(20, 0.85), np.ones(20, int), np.array([True] * 5 + [False] * 15))  # 0.85 drafted, 25% accepted
+    got = cal(s, d)
+    assert got[0] == pytest.approx((5 + 4 * 0.85) / (20 + 4)) and got[1] == pytest.approx(0.15)
+
+
+def test_surest_caps_a_node_by_its_ancestors():
+    tree = from_nodes(torch.tensor([0]), [[(0, 1), (1, 2), (0, 3)]], [[0.3, 0.9, 0.6]])
+    p = surest(tree.score.numpy(), tree.valid.numpy(), tree.mask.numpy())
+    assert p == pytest.approx(np.array([[1.0, 0.3, 0.3, 0.6]]))
+
+
+def test_trim_keeps_the_surest_nodes_when_nodes_cost_time():
+    budget = DraftBudget((2, 4, 8), CPU_LIKE)
+    tree = chain_tree(1, [0.95, 0.9, 0.2, 0.1])
+    kept = budget.trim(tree, True)
+    # at batch 1 a node costs 2 ms of a 17 ms step: the 0.95 and 0.9 levels pay, 0.2 and 0.1 do not
+    assert kept.tokens.tolist() == [[0, 10, 11]] and kept.parents.tolist() == [[0, 0, 1]]
+    assert kept.mask.tolist() == [[[True, False, False], [True, True, False], [True, True, True]]]
+    assert kept.depth.tolist() == [[0, 1, 2]]
+
+
+def test_trim_keeps_every_node_when_nodes_are_free_and_none_when_they_are_dear():
+    tree = chain_tree(8, [0.6, 0.5, 0.4, 0.3])
+    assert DraftBudget((2, 4, 8), FLAT).trim(tree, True).size == 5
+    assert DraftBudget((2, 4, 8), CPU_LIKE).trim(chain_tree(32, [0.3, 0.2, 0.1, 0.05]), True).size == 1  # plain
+
+
+def test_plan_drafts_where_it_pays_and_probes_ever_more_rarely_where_it_does_not():
+    budget = DraftBudget((2, 4, 8), CPU_LIKE)
+    assert budget.plan(1, True) == (2, 4, 8)  # nothing measured yet: draft the whole tree once
+    budget.trim(chain_tree(1, [0.9, 0.8, 0.3, 0.1]), True)  # learns the gain curves
+    for d in (1, 2, 3, 4):
+        budget.draft_s[(0, d)], budget.draft_s[(5, d)] = 0.001 * d, 0.01 * d
+    assert budget.plan(1, True) == (2, 2, 8)  # two sure levels pay at batch 1; deeper ones cost more than they give
+    picks = [budget.plan(32, True) for _ in range(600)]  # 32 rows: a level costs 64 ms + 10 ms of drafting
+    probes = [i for i, s in enumerate(picks) if s is not PLAIN]
+    assert len(probes) <= 7 and probes[0] == 15
+    gaps = np.diff(probes)
+    assert (gaps[1:] == 2 * gaps[:-1]).all()  # each probe that loses doubles the wait
+
+
+def test_observe_calibrates_acceptance_and_scales_the_profile():
+    budget = DraftBudget((2, 4, 8), CPU_LIKE)
+    tree = chain_tree(2, [0.95, 0.95, 0.95, 0.95])
+    path = torch.tensor([[0, 1, 2, 2, 2], [0, 0, 0, 0, 0]])
+    acc = Accepted(path, torch.tensor([3, 1]), torch.tensor([5, 5]))  # row 0 took two levels, row 1 none
+    budget.observe((2, 4, 8), tree, acc, True, verify_s=2 * CPU_LIKE.cost(2, 5), draft_s=0.004)
+    cal = budget.calibration[True]
+    assert cal.seen[1:5, 9].tolist() == [2, 2, 2, 2] and cal.hits[1:5, 9].tolist() == [1, 1, 0, 0]
+    assert budget.scale[True] == pytest.approx(1.1) and budget.scale[False] == 1.0  # 10% of the way to 2x
+    assert budget.draft_s[(1, 4)] == 0.004
+    assert budget.drafting(2, 1) == pytest.approx(0.004 * 2 / 5)  # another depth, scaled by its levels
