@@ -62,10 +62,12 @@ class Rows:
 
 class LiveBatch:
     """The rows decoded together. `root` [rows]: each row's last emitted token, not yet in the target's cache: the
-    next round's tree (or plain step) starts from it."""
+    next round's tree (or plain step) starts from it. `references`: token lists the drafters may draft from (a
+    job's earlier outputs)."""
 
-    def __init__(self, model, prompts, limits, eos, batch_size, cap):
+    def __init__(self, model, prompts, limits, eos, batch_size, cap, references=()):
         self.model, self.prompts, self.batch_size, self.cap = model, prompts, batch_size, cap
+        self.references = list(references)
         self.rows = Rows(limits, eos)
         self.cache = self.root = None
         self.t0 = time.perf_counter()

@@ -106,18 +106,23 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------ public API
 
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, batch_size=8,
-                 speculative=True, seed=None):
-        """Decode each prompt (chat template applied) and return one GenerationResult per prompt, in order."""
+                 speculative=True, seed=None, references=()):
+        """Decode each prompt (chat template applied) and return one GenerationResult per prompt, in order.
+        references: texts the suffix and hybrid drafters may draft from besides this call's prompts and outputs
+        (a bulk job's earlier outputs); they never change the output, only how fast it comes."""
         _require(isinstance(prompts, (list, tuple)) and len(prompts) > 0, "prompts", "must be a non-empty list")
         ids = []
         for i, p in enumerate(prompts):
             _require(isinstance(p, str) and p.strip() != "", f"prompts[{i}]", "must be a non-empty string")
             ids.append(self.target.encode_prompt(p))
-        return self.generate_ids(ids, max_new_tokens, temperature, top_p, top_k, batch_size, speculative, seed)
+        _require(isinstance(references, (list, tuple)) and all(isinstance(r, str) for r in references), "references",
+                 "must be a list of strings")
+        refs = [self.target.tokenizer.encode(r) for r in references]
+        return self.generate_ids(ids, max_new_tokens, temperature, top_p, top_k, batch_size, speculative, seed, refs)
 
     def generate_ids(self, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, batch_size=8,
-                     speculative=True, seed=None):
-        """Like generate(), from already-tokenised prompts (lists of token ids, no template added)."""
+                     speculative=True, seed=None, references=()):
+        """Like generate(), from already-tokenised prompts and references (lists of token ids, no template added)."""
         _require(isinstance(ids, (list, tuple)) and len(ids) > 0, "prompts", "must be a non-empty list")
         _require(isinstance(max_new_tokens, int) and max_new_tokens >= 1, "max_new_tokens", "must be an integer >= 1")
         _require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", "must be >= 0")
@@ -139,7 +144,7 @@ class SpeculativeDecoder:
         totals = dict(new_tokens=0, target_forwards=0, rounds=0, accepted=0, draft_time_s=0.0, verify_time_s=0.0,
                       wall_time_s=0.0, accept_hist=[0] * (self.depth + 1), plain_steps=0)
         out = self._decode([list(ids[i]) for i in order], [limits[i] for i in order], batch_size, speculative,
-                           sampling, totals)
+                           sampling, totals, [list(r) for r in references])
         for i, r in zip(order, out):
             results[i] = r
         totals["accept_length"] = totals["accepted"] / totals["rounds"] if totals["rounds"] else 1.0
@@ -192,12 +197,12 @@ class SpeculativeDecoder:
         return torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=sampling["generator"]).view(probs.shape[:-1])
 
     @torch.no_grad()
-    def _decode(self, ids, limits, batch_size, speculative, sampling, totals):
+    def _decode(self, ids, limits, batch_size, speculative, sampling, totals, references=()):
         """Decode all prompts, at most batch_size rows at a time. A finished row's place goes to the next waiting
         prompt (continuous batching): speculative rows finish at different rounds, and a batch left to run on with a
         few stragglers would pay most of a full round for each of their tokens."""
         cap = max(map(len, ids)) + max(limits) + self.depth + self.total_tokens + 2
-        batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap)
+        batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap, references)
         pick = lambda logits: self._pick(logits, sampling)  # noqa: E731
         if speculative:
             self._speculative_rounds(batch, DRAFTERS[self.drafter](self.target, self.head, self.configured), pick,

@@ -50,6 +50,18 @@ def test_suffix_drafter_copies_earlier_outputs_of_the_call(target):
     assert all(r.stats["accept_length"] > 4 for r in spec[3:])  # the repeats: ~6 tokens (depth 5 + bonus) a round
 
 
+def test_suffix_drafter_drafts_from_references(target):
+    """A job's earlier outputs passed as references: the first rows of a call already copy from them."""
+    prompts = random_prompts(4, target.config.vocab_size, seed=9, min_len=8, max_len=8)
+    dec = decoder_for(target, drafter="suffix", parallel_degree=2, depth=5, total_tokens=8)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=40, speculative=False)
+    alone = dec.generate_ids(prompts, max_new_tokens=40, batch_size=4)
+    alone_tau = dec.last_stats["accept_length"]
+    helped = dec.generate_ids(prompts, max_new_tokens=40, batch_size=4, references=[r.token_ids for r in vanilla])
+    assert [r.token_ids for r in helped] == [r.token_ids for r in alone] == [r.token_ids for r in vanilla]
+    assert dec.last_stats["accept_length"] > alone_tau + 1.5, (dec.last_stats["accept_length"], alone_tau)
+
+
 def test_suffix_index_finds_the_longest_match_most_recent_first():
     idx = SuffixIndex(max_n=4)
     idx.extend("a", [1, 2, 3, 4, 1, 2, 3, 5])

@@ -1,6 +1,7 @@
 """Suffix drafting: draft what followed, earlier in this generate() call, the longest suffix of a row's text.
 
-One index per call, shared by all rows: every prompt that joined and every token emitted so far. Bulk jobs copy
+One index per call, shared by all rows: the call's references (a bulk job's earlier outputs), every prompt that
+joined and every token emitted so far. Bulk jobs copy
 (rationales quote their input, rewrites and extractions repeat it, items of one job share structure), and there a
 long suffix match predicts the next tokens well for free: no model runs to draft. The idea is SuffixDecoding's
 (vLLM `suffix`) and llama.cpp's lookup decoding; the index here is a plain n-gram -> occurrences map over token ids.
@@ -88,6 +89,9 @@ class SuffixDrafter(Drafter):
         self.index = SuffixIndex(self.max_n)
 
     def join(self, batch, feats, lens):
+        if not self.index.seqs:  # the first prompts: index the references first, so the call's own text is newer
+            for i, ref in enumerate(batch.references):
+                self.index.extend(("reference", i), ref)
         for row in range(batch.size - len(lens), batch.size):
             self.index.extend(batch.rows.live[row], batch.context(row))
 
