@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from . import heads
 from .adopt import as_target
 from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
@@ -17,8 +18,6 @@ from .policy import PLAIN, SpeculationPolicy
 from .target import Target
 from .tree import root_only
 from .verify import Accepted, greedy, verify_greedy, verify_sampling, warp
-
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
 @dataclass
@@ -35,17 +34,22 @@ def _require(ok, field, msg):
 
 
 def default_head_path(target: Target) -> Path:
-    return MODELS_DIR / f"eagle3-{target.name}"
+    """The head directory of this target: the shipped head (version 0) and its adapted versions (eagle3/heads.py)."""
+    return heads.head_root(target.name)
+
+
+def current_head_path(target: Target) -> Path | None:
+    """The directory of the head `current` points at; None when that is version 0 and nothing was shipped."""
+    root = default_head_path(target)
+    path = heads.version_dir(root, heads.current_version(root))
+    return path if heads.has_weights(path) else None
 
 
 def resolve_head(target: Target, draft) -> Eagle3Head:
-    """draft: an Eagle3Head, a checkpoint directory, or None (the shipped head for this target, else untrained)."""
+    """draft: an Eagle3Head, a checkpoint directory, or None (the current version of this target's head, else an
+    untrained one)."""
     if draft is None:
-        path = default_head_path(target)
-        if (path / "config.json").exists():
-            draft = path
-        else:
-            draft = Eagle3Head.random(HeadConfig.for_target(target.config))
+        draft = current_head_path(target) or Eagle3Head.random(HeadConfig.for_target(target.config))
     if isinstance(draft, (str, Path)):
         draft = Eagle3Head.from_pretrained(draft)
     _require(isinstance(draft, Eagle3Head), "draft", "expected an Eagle3Head, a checkpoint directory or None")
