@@ -176,3 +176,18 @@ def test_measure_tau_is_an_actual_decode(models_dir, examples):
     tau, outputs = measure_tau(target, load_head(target, 0), examples[:3], max_new_tokens=32)
     assert tau >= 1.0
     assert outputs == [ex.output_ids[:32] for ex in examples[:3]]  # the target's greedy tokens, as the worker's
+
+
+def test_beat_sends_adapt_head_on_the_configured_cron_only():
+    from celery.schedules import crontab
+
+    from jobs.config import Settings
+    from jobs.queue import ADAPT_TASK, make_celery
+
+    assert "adapt-head" not in make_celery(Settings(adapt_schedule="")).conf.beat_schedule
+    app = make_celery(Settings(adapt_schedule="0 3 * * *", queue="q"))
+    entry = app.conf.beat_schedule["adapt-head"]
+    assert entry["task"] == ADAPT_TASK and entry["schedule"] == crontab(minute="0", hour="3")
+    assert app.conf.task_routes[ADAPT_TASK] == {"queue": "q.adapt"}
+    with pytest.raises(ValueError, match="5 cron fields"):
+        make_celery(Settings(adapt_schedule="nightly"))
