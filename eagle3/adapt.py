@@ -31,8 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import heads
-from .decoder import SpeculativeDecoder, default_head_path
-from .draft import Eagle3Head, HeadConfig
+from .decoder import SpeculativeDecoder, default_head_path, head_of_version
 from .target import DEFAULT_TARGET, load_target
 from .train import _batches, _collate, ttt_loss
 from .verify import greedy
@@ -114,14 +113,9 @@ def build_sequences(target, examples):
 
 
 def load_head(target, version):
-    """A version of this target's head in float32, trainable; version 0 without files is the untrained head the
-    decoder uses then (same seed), so adapting a target shipped without a head starts where its workers are."""
-    path = heads.version_dir(default_head_path(target), version)
-    if heads.has_weights(path):
-        return Eagle3Head.from_pretrained(path)
-    if version != 0:
-        raise ValueError(f"no head version {version} in {path}")
-    return Eagle3Head.random(HeadConfig.for_target(target.config))
+    """A version of the head, trainable (float32); adapting a target shipped without a head starts from the
+    untrained head its workers use."""
+    return head_of_version(target, version)
 
 
 def as_stored(head):

@@ -38,18 +38,20 @@ def default_head_path(target: Target) -> Path:
     return heads.head_root(target.name)
 
 
-def current_head_path(target: Target) -> Path | None:
-    """The directory of the head `current` points at; None when that is version 0 and nothing was shipped."""
-    root = default_head_path(target)
-    path = heads.version_dir(root, heads.current_version(root))
-    return path if heads.has_weights(path) else None
+def head_of_version(target: Target, version: int) -> Eagle3Head:
+    """A version of this target's head (eagle3/heads.py) in float32. Version 0 of a target shipped without a head is
+    the untrained head (always the same seed)."""
+    path = heads.version_dir(default_head_path(target), version)
+    if heads.has_weights(path):
+        return Eagle3Head.from_pretrained(path)
+    _require(version == 0, "draft", f"no head version {version} in {path}")
+    return Eagle3Head.random(HeadConfig.for_target(target.config))
 
 
 def resolve_head(target: Target, draft) -> Eagle3Head:
-    """draft: an Eagle3Head, a checkpoint directory, or None (the current version of this target's head, else an
-    untrained one)."""
+    """draft: an Eagle3Head, a checkpoint directory, or None (the current version of this target's head)."""
     if draft is None:
-        draft = current_head_path(target) or Eagle3Head.random(HeadConfig.for_target(target.config))
+        draft = head_of_version(target, heads.current_version(default_head_path(target)))
     if isinstance(draft, (str, Path)):
         draft = Eagle3Head.from_pretrained(draft)
     _require(isinstance(draft, Eagle3Head), "draft", "expected an Eagle3Head, a checkpoint directory or None")
@@ -69,9 +71,9 @@ class SpeculativeDecoder:
         engine takes over in the model's own dtype, so greedy output equals its generate(do_sample=False); its
         tokenizer comes from the model's name_or_path directory, or pass `tokenizer=` (eagle3/adopt.py).
         Other architectures and types are a ValueError.
-    draft: an Eagle3Head, a checkpoint directory, or None: the head shipped for this target under
-        models/eagle3-<name>/, else an untrained head (still lossless at threshold 1.0, just with few accepted
-        tokens, so slow).
+    draft: an Eagle3Head, a checkpoint directory, or None: the current version of this target's head under
+        models/eagle3-<name>/ (the shipped head unless `python -m eagle3.adapt` installed another; eagle3/heads.py),
+        else an untrained head (still lossless at threshold 1.0, just with few accepted tokens, so slow).
     parallel_degree: children kept per tree node (top-k). Larger trees accept more tokens per round but make each
         verify forward and draft step dearer; on a CPU small trees win.
     depth: tree levels drafted per round (the most tokens one round can accept, plus the target's bonus token).

@@ -51,14 +51,14 @@ class Engine:
         return True
 
     def decoder(self, parallel_degree: int, validation_threshold: float):
-        from eagle3 import SpeculativeDecoder, heads
+        from eagle3 import SpeculativeDecoder
+        from eagle3.decoder import head_of_version
 
         key = (parallel_degree, validation_threshold)
         with self._lock:
             if key not in self._decoders:
-                path = heads.version_dir(heads.head_root(self.target.name), self.head_version)
-                # The version recorded in item stats is the one loaded here (not whatever `current` says by now).
-                draft = path if heads.has_weights(path) else None
+                # The version item stats record, explicitly: `current` may name another one by now.
+                draft = head_of_version(self.target, self.head_version)
                 self._decoders[key] = SpeculativeDecoder(self.target, draft=draft, parallel_degree=parallel_degree,
                                                          validation_threshold=validation_threshold)
             return self._decoders[key]
