@@ -65,13 +65,23 @@ class Report:
 
 
 def split(examples, heldout_share=0.2):
-    """(train, held-out): the held-out slice is the items whose hashed id sorts first, so the same items give the
-    same split on every run and a re-run never trains on what it evaluates."""
+    """(train, held-out). An item is held out when its hashed id falls in the first `heldout_share` of the hash
+    range, whatever other items come with it: every run (tonight's --last 500, tomorrow's) keeps each item on the
+    same side, so no head is gated on items an earlier version trained on. Too few items for that to leave both
+    sides non-empty: the lowest hashes are held out instead."""
     if len(examples) < 2:
         raise ValueError(f"adaptation needs at least 2 completed greedy items, got {len(examples)}")
-    order = sorted(examples, key=lambda ex: hashlib.sha256(str(ex.item_id).encode()).hexdigest())
-    n_held = min(len(order) - 1, max(1, round(heldout_share * len(order))))
-    return order[n_held:], order[:n_held]
+    held = [ex for ex in examples if _hash_fraction(ex.item_id) < heldout_share]
+    if not held or len(held) == len(examples):
+        order = sorted(examples, key=lambda ex: _hash_fraction(ex.item_id))
+        held = order[:min(len(order) - 1, max(1, round(heldout_share * len(order))))]
+    ids = {ex.item_id for ex in held}
+    return [ex for ex in examples if ex.item_id not in ids], held
+
+
+def _hash_fraction(item_id):
+    """The item id's place in [0, 1), uniform and fixed."""
+    return int(hashlib.sha256(str(item_id).encode()).hexdigest()[:8], 16) / 2 ** 32
 
 
 @torch.no_grad()
