@@ -194,3 +194,20 @@ def test_beat_sends_adapt_head_on_the_configured_cron_only():
     assert app.conf.task_routes[ADAPT_TASK] == {"queue": "q.adapt"}
     with pytest.raises(ValueError, match="5 cron fields"):
         make_celery(Settings(adapt_schedule="nightly"))
+
+
+def test_versions_roll_back_through_their_parents(models_dir):
+    from eagle3.adapt import install
+
+    target = Engine("tiny", batch_size=1).target
+    root = models_dir / "eagle3-tiny"
+    stamp = heads.pointer_stamp(root)
+    assert stamp is None and heads.current_version(root) == 0
+    assert install(target, load_head(target, 0), {"parent": 0, "tau": 1.5, "parent_tau": 1.0}) == 1
+    assert heads.pointer_stamp(root) != stamp
+    assert install(target, load_head(target, 1), {"parent": 1, "tau": 1.7, "parent_tau": 1.5}) == 2
+    assert heads.list_versions(root) == [0, 1, 2] and heads.current_version(root) == 2
+    assert heads.rollback(root) == (2, 1) and heads.rollback(root) == (1, 0)
+    with pytest.raises(ValueError, match="no head version 7"):
+        heads.set_current(root, 7)
+    assert heads.current_version(root) == 0 and not list(root.glob(".current.*"))  # no temporary file left behind
