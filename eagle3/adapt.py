@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -265,20 +266,25 @@ def main(argv=None):
     ap.add_argument("--rollback", action="store_true", help="point `current` at the current version's parent")
     a = ap.parse_args(argv)
     name = a.target or os.environ.get("EAGLE3_TARGET") or DEFAULT_TARGET
+    if not (a.list or a.rollback or a.job or a.last):
+        ap.error("give --job ID (repeatable) and/or --last N, or --list / --rollback")
+    try:
+        run(a, name)
+    except ValueError as exc:  # nothing to roll back to, too few items: a message, not a traceback
+        sys.exit(f"eagle3.adapt: {exc}")
+
+
+def run(a, name):
     root = heads.head_root(name)
     if a.list:
         print("\n".join(version_lines(root)))
-        return
-    if a.rollback:
+    elif a.rollback:
         old, new = heads.rollback(root)
         print(f"current: version {old} -> {new}")
-        return
-    if not a.job and not a.last:
-        ap.error("give --job ID (repeatable) and/or --last N, or --list / --rollback")
-    examples = load_examples(name, a.job, a.last)
-    report = adapt(load_target(name), examples, steps=a.steps, epochs=a.epochs, lr=a.lr, heldout_share=a.heldout,
-                   eval_tokens=a.eval_tokens)
-    print(json.dumps(asdict(report)))
+    else:
+        report = adapt(load_target(name), load_examples(name, a.job, a.last), steps=a.steps, epochs=a.epochs,
+                       lr=a.lr, heldout_share=a.heldout, eval_tokens=a.eval_tokens)
+        print(json.dumps(asdict(report)))
 
 
 if __name__ == "__main__":
