@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from . import heads
 from .adopt import as_target
 from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
@@ -18,8 +19,6 @@ from .profile import load_or_measure
 from .target import Target
 from .tree import root_only
 from .verify import Accepted, greedy, verify_greedy, verify_sampling, warp
-
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
 @dataclass
@@ -36,17 +35,24 @@ def _require(ok, field, msg):
 
 
 def default_head_path(target: Target) -> Path:
-    return MODELS_DIR / f"eagle3-{target.name}"
+    """The head directory of this target: the shipped head (version 0) and its adapted versions (eagle3/heads.py)."""
+    return heads.head_root(target.name)
+
+
+def head_of_version(target: Target, version: int) -> Eagle3Head:
+    """A version of this target's head (eagle3/heads.py) in float32. Version 0 of a target shipped without a head is
+    the untrained head (always the same seed)."""
+    path = heads.version_dir(default_head_path(target), version)
+    if heads.has_weights(path):
+        return Eagle3Head.from_pretrained(path)
+    _require(version == 0, "draft", f"no head version {version} in {path}")
+    return Eagle3Head.random(HeadConfig.for_target(target.config))
 
 
 def resolve_head(target: Target, draft) -> Eagle3Head:
-    """draft: an Eagle3Head, a checkpoint directory, or None (the shipped head for this target, else untrained)."""
+    """draft: an Eagle3Head, a checkpoint directory, or None (the current version of this target's head)."""
     if draft is None:
-        path = default_head_path(target)
-        if (path / "config.json").exists():
-            draft = path
-        else:
-            draft = Eagle3Head.random(HeadConfig.for_target(target.config))
+        draft = head_of_version(target, heads.current_version(default_head_path(target)))
     if isinstance(draft, (str, Path)):
         draft = Eagle3Head.from_pretrained(draft)
     _require(isinstance(draft, Eagle3Head), "draft", "expected an Eagle3Head, a checkpoint directory or None")
@@ -66,9 +72,9 @@ class SpeculativeDecoder:
         engine takes over in the model's own dtype, so greedy output equals its generate(do_sample=False); its
         tokenizer comes from the model's name_or_path directory, or pass `tokenizer=` (eagle3/adopt.py).
         Other architectures and types are a ValueError.
-    draft: an Eagle3Head, a checkpoint directory, or None: the head shipped for this target under
-        models/eagle3-<name>/, else an untrained head (still lossless at threshold 1.0, just with few accepted
-        tokens, so slow).
+    draft: an Eagle3Head, a checkpoint directory, or None: the current version of this target's head under
+        models/eagle3-<name>/ (the shipped head unless `python -m eagle3.adapt` installed another; eagle3/heads.py),
+        else an untrained head (still lossless at threshold 1.0, just with few accepted tokens, so slow).
     parallel_degree: children kept per tree node (top-k). Larger trees accept more tokens per round but make each
         verify forward and draft step dearer; on a CPU small trees win.
     depth: tree levels drafted per round (the most tokens one round can accept, plus the target's bonus token).

@@ -63,6 +63,13 @@ class Settings:
 
     # Schedules with a file item source read JSONL files under this directory only ("" = file sources disabled).
     schedule_input_dir: str = field(default_factory=lambda: _env("SCHEDULE_INPUT_DIR", ""))
+    # Workload adaptation (eagle3/adapt.py): beat sends worker.adapt_head on this 5-field cron (UTC; "" = never,
+    # e.g. "0 3 * * *" nightly) to the `<queue>.adapt` queue, to fine-tune the draft head on the last ADAPT_LAST
+    # completed greedy items with ADAPT_STEPS optimizer steps (0: one epoch) at ADAPT_LR.
+    adapt_schedule: str = field(default_factory=lambda: _env("ADAPT_SCHEDULE", ""))
+    adapt_last: int = field(default_factory=lambda: _env("ADAPT_LAST", 500, int))
+    adapt_steps: int = field(default_factory=lambda: _env("ADAPT_STEPS", 0, int))
+    adapt_lr: float = field(default_factory=lambda: _env("ADAPT_LR", 1e-4, float))
     # Workers serve Prometheus metrics on this port (0 = off).
     worker_metrics_port: int = field(default_factory=lambda: _env("WORKER_METRICS_PORT", 9808, int))
 

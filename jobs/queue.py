@@ -12,6 +12,7 @@ from datetime import timedelta
 import kombu.exceptions
 import redis.exceptions
 from celery import Celery
+from celery.schedules import crontab
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
@@ -23,6 +24,7 @@ DECODE_TASK = "worker.decode_items"
 REQUEUE_TASK = "worker.requeue_unsent"
 DISPATCH_TASK = "worker.dispatch_schedules"
 RECONCILE_TASK = "worker.reconcile"
+ADAPT_TASK = "worker.adapt_head"
 MAX_PRIORITY = 9  # API priority 0..9, 9 most urgent
 
 
@@ -35,7 +37,9 @@ def make_celery(settings: Settings) -> Celery:
         task_default_queue=settings.queue,
         task_routes={DECODE_TASK: {"queue": settings.queue}, REQUEUE_TASK: {"queue": settings.queue + ".maint"},
                      DISPATCH_TASK: {"queue": settings.queue + ".maint"},
-                     RECONCILE_TASK: {"queue": settings.queue + ".maint"}},
+                     RECONCILE_TASK: {"queue": settings.queue + ".maint"},
+                     # Its own queue: a fine-tune takes minutes and must not hold up .maint's every-minute tasks.
+                     ADAPT_TASK: {"queue": settings.queue + ".adapt"}},
         # Redeliver the messages of a batch whose worker died; writes are idempotent (see worker/processing.py).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -65,7 +69,19 @@ def make_celery(settings: Settings) -> Celery:
     )
     # Re-send items whose messages Redis lost (jobs/reconcile.py).
     app.conf.beat_schedule["reconcile"] = {"task": RECONCILE_TASK, "schedule": settings.reconcile_interval_s}
+    if settings.adapt_schedule:  # workload adaptation of the draft head (eagle3/adapt.py), off by default
+        app.conf.beat_schedule["adapt-head"] = {"task": ADAPT_TASK, "schedule": adapt_crontab(settings.adapt_schedule)}
     return app
+
+
+def adapt_crontab(expression: str) -> crontab:
+    """A 5-field cron expression (minute hour day-of-month month day-of-week) as Celery's crontab, in UTC."""
+    fields = expression.split()
+    if len(fields) != 5:
+        raise ValueError(f"ADAPT_SCHEDULE must have 5 cron fields, got {expression!r}")
+    minute, hour, day_of_month, month_of_year, day_of_week = fields
+    return crontab(minute=minute, hour=hour, day_of_month=day_of_month, month_of_year=month_of_year,
+                   day_of_week=day_of_week)
 
 
 celery_app = make_celery(get_settings())

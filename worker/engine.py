@@ -12,7 +12,8 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """A target and its SpeculativeDecoders, one per (parallel_degree, validation_threshold)."""
+    """A target and its SpeculativeDecoders, one per (parallel_degree, validation_threshold), all on one version of
+    the draft head (eagle3/heads.py): `refresh_head` moves them to a newly installed version between batches."""
 
     def __init__(self, target_name: str, batch_size: int):
         from eagle3 import load_target
@@ -23,16 +24,42 @@ class Engine:
         self.batch_size = batch_size
         self._decoders: dict = {}
         self._lock = threading.Lock()
+        self.head_version, self._head_stamp = None, None
+        self.refresh_head()
         log.info("loaded target %s (context %d) in %.1f s", target_name, self.target.max_context,
                  time.perf_counter() - started)
 
+    def refresh_head(self) -> bool:
+        """Called before every batch. When `current` was replaced (an adapter installed a head, or a rollback), the
+        decoders are dropped and rebuilt on the version it now names: workers follow without a restart. Unchanged
+        pointer: one stat. Returns whether the version changed."""
+        from eagle3 import heads
+
+        root = heads.head_root(self.target.name)
+        stamp = heads.pointer_stamp(root)
+        if stamp == self._head_stamp and self.head_version is not None:
+            return False
+        version = heads.current_version(root)
+        self._head_stamp = stamp
+        if version == self.head_version:
+            return False
+        with self._lock:
+            # New decoders, not just a new head: each decoder's speculation policy measured τ with the old head.
+            self._decoders.clear()
+            self.head_version = version
+        log.info("draft head version %d (%s)", version, root)
+        return True
+
     def decoder(self, parallel_degree: int, validation_threshold: float):
         from eagle3 import SpeculativeDecoder
+        from eagle3.decoder import head_of_version
 
         key = (parallel_degree, validation_threshold)
         with self._lock:
             if key not in self._decoders:
-                self._decoders[key] = SpeculativeDecoder(self.target, draft=None, parallel_degree=parallel_degree,
+                # The version item stats record, explicitly: `current` may name another one by now.
+                draft = head_of_version(self.target, self.head_version)
+                self._decoders[key] = SpeculativeDecoder(self.target, draft=draft, parallel_degree=parallel_degree,
                                                          validation_threshold=validation_threshold)
             return self._decoders[key]
 

@@ -35,6 +35,7 @@ def process(Session, engine, item_ids: list[int], max_attempts: int, db_retry_s:
         written = lifecycle.record(session, gave_up)
     if claimed:
         job_ids = sorted({str(c.job_id) for c in claimed})
+        engine.refresh_head()  # a head installed since the last batch is used from this batch on
         outcomes = decode(engine, claimed)
         written += write_results(Session, outcomes, db_retry_s, owner)
         type_of = {c.id: c.job_type for c in claimed}
@@ -142,7 +143,7 @@ def generate(engine, decoder, ids: list[list[int]], params: dict, speculative: b
     for r, prompt in zip(results, ids):
         share = wall * len(r.token_ids) / total if total else wall / len(results)
         out.append((r, {**r.stats, "finish_reason": r.finish_reason, "batch_items": len(ids),
-                        "time_share_s": share, "prompt_tokens": len(prompt)}))
+                        "time_share_s": share, "prompt_tokens": len(prompt), "head_version": engine.head_version}))
     return out
 
 

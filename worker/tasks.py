@@ -14,8 +14,9 @@ from jobs.config import get_settings
 from jobs.db import get_engine as get_db_engine
 from jobs.db import session_factory
 from jobs import schedules
-from jobs.queue import (BROKER_ERRORS, DECODE_TASK, DISPATCH_TASK, RECONCILE_TASK, REQUEUE_TASK, celery_app,
-                        enqueue_unsent)
+from jobs.adaptation import greedy_items
+from jobs.queue import (ADAPT_TASK, BROKER_ERRORS, DECODE_TASK, DISPATCH_TASK, RECONCILE_TASK, REQUEUE_TASK,
+                        celery_app, enqueue_unsent)
 from jobs.reconcile import reconcile as reconcile_items
 from jobs.reconcile import running_cutoff_s
 
@@ -214,3 +215,27 @@ def reconcile():
         log.warning("reconciler: broker unavailable; trying again at the next run")
         return 0
     return report.resent
+
+
+@celery_app.task(name=ADAPT_TASK, acks_late=False)
+def adapt_head(last: int | None = None, job_ids: list[str] | None = None, steps: int | None = None,
+               lr: float | None = None) -> dict:
+    """Beat, on ADAPT_SCHEDULE (or sent by hand): fine-tune the draft head on the deployment's recent greedy items
+    and install it if held-out τ rose (eagle3/adapt.py). Decoding workers pick the new version up at their next
+    batch. Runs on `<queue>.adapt`, with the target this worker process already loaded."""
+    from dataclasses import asdict
+
+    from eagle3.adapt import Example, adapt
+
+    engine = get_engine()
+    with Session() as session:
+        rows = greedy_items(session, engine.chat, job_ids or (), last or settings.adapt_last)
+    if len(rows) < 2:
+        log.info("adapt_head: %d completed greedy items, nothing to adapt to", len(rows))
+        return {"installed": False, "items": len(rows)}
+    report = adapt(engine.target, [Example(*row) for row in rows], steps=steps or settings.adapt_steps or None,
+                   lr=lr or settings.adapt_lr, log=log.info)
+    log.info("adapt_head: held-out tau %.3f (version %d) -> %.3f: %s", report.tau_current, report.parent,
+             report.tau_candidate, f"installed version {report.version}" if report.installed else "refused")
+    engine.refresh_head()  # this worker decodes on it from its next batch too
+    return asdict(report)
