@@ -9,7 +9,9 @@ from sqlalchemy import (BigInteger, Boolean, CheckConstraint, DateTime, Double, 
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-JOB_TYPES = ("generation", "review")
+from .kinds import KINDS
+
+JOB_TYPES = tuple(KINDS)  # the registered job kinds (jobs/kinds.py)
 JOB_STATUSES = ("queued", "running", "completed", "failed", "cancelling", "cancelled")
 ITEM_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
 NULLABLE_JSON = JSONB(none_as_null=True)  # Python None -> SQL NULL, not JSON null
@@ -55,6 +57,8 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, default=5)
     params: Mapped[dict] = mapped_column(JSONB, default=dict)  # job-level decode params (items may override)
     metadata_: Mapped[dict] = mapped_column("metadata", JSONB, default=dict)
+    # The kind's own job fields (jobs/kinds.py), e.g. a review job's {labels, policy}; {} when none are set.
+    options: Mapped[dict] = mapped_column(JSONB, default=dict, server_default="{}")
     idempotency_key: Mapped[str | None] = mapped_column(String(255))  # unique per key (see __table_args__)
     request_hash: Mapped[str | None] = mapped_column(String(64))
 

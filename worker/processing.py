@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import defaultdict
 
 from sqlalchemy import exc as sa_exc
 
-from jobs import lifecycle, review, tokenizer
+from jobs import kinds, lifecycle
 from jobs.lifecycle import Claimed, Outcome
 
 from . import metrics
 
 log = logging.getLogger(__name__)
-LABELS = list(review.LABELS)
 # What SQLAlchemy raises when Postgres cannot be reached or the connection dropped (as opposed to a bad statement).
 DB_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError)
 
@@ -104,28 +102,18 @@ def decode(engine, items: list[Claimed]) -> list[Outcome]:
 
 
 def decode_group(engine, group: list[Claimed]) -> list[Outcome]:
-    params = group[0].params
+    """One generate() call for the group; the job's kind builds each item's input and reads its result."""
+    params, kind = group[0].params, kinds.get(group[0].job_type)
     decoder = engine.decoder(params["parallel_degree"], params["validation_threshold"])
-    if group[0].job_type == "review":
-        verdicts = [label_of(decoder, item.prompt) for item in group]
-        prompts = [review.rationale_prompt(item.prompt, verdict["label"]) for item, verdict in zip(group, verdicts)]
-    else:
-        verdicts, prompts = None, [item.prompt for item in group]
-    ids = [engine.chat.encode_messages(tokenizer.turns(prompt, item.messages)) for prompt, item in zip(prompts, group)]
+    given = [kind.model_input(item, item.options or {}, decoder.score_options) for item in group]
+    ids = [engine.chat.encode_messages(g.turns) for g in given]
     spec = generate(engine, decoder, ids, params, speculative=True)
     base = generate(engine, decoder, ids, params, speculative=False) if group[0].baseline_sample else None
     observe(spec, base)
     outcomes = []
     for i, item in enumerate(group):
         result, stats = spec[i]
-        if verdicts is None:
-            text, token_ids = cut_at_stop(engine.target.decode, result.text, result.token_ids,
-                                          item.params.get("stop"))
-            if len(token_ids) < len(result.token_ids) or text != result.text:
-                stats = {**stats, "finish_reason": "stop"}
-            output = {"text": storable(text), "token_ids": token_ids}
-        else:
-            output = {**verdicts[i], "rationale": storable(result.text)}
+        output, stats = kind.result(item, given[i], result.text, result.token_ids, stats, engine.target.decode)
         outcomes.append(Outcome(item.id, output=output, stats=stats, baseline_stats=base[i][1] if base else None))
     return outcomes
 
@@ -170,31 +158,3 @@ def observe(spec, base) -> None:
         return
     metrics.SPEEDUP.labels(kind).observe(speedup)
     metrics.LAST_SPEEDUP.labels(kind).set(speedup)
-
-
-def label_of(decoder, text: str) -> dict:
-    """The verdict from the target's probabilities of each label as the start of its reply (no text parsing)."""
-    logprobs = decoder.score_options(review.classification_prompt(text), LABELS)
-    top = max(logprobs)
-    weights = [math.exp(lp - top) for lp in logprobs]
-    probs = [w / sum(weights) for w in weights]
-    best = max(range(len(LABELS)), key=probs.__getitem__)
-    return {"label": LABELS[best], "score": probs[best], "label_scores": dict(zip(LABELS, probs))}
-
-
-def cut_at_stop(decode, text: str, token_ids: list[int], stops: list[str] | None) -> tuple[str, list[int]]:
-    """The text before the first stop string that appears, and the fewest tokens whose text reaches past that stop.
-    Unchanged when no stop string appears. (The decoder does not know the stop strings, so it decodes on to
-    max_new_tokens or its end-of-turn token; only the answer is cut.)"""
-    hits = [(text.find(stop), stop) for stop in stops or () if stop in text]
-    if not hits:
-        return text, token_ids
-    at, stop = min(hits)
-    through = text[:at + len(stop)]
-    n = next((n for n in range(1, len(token_ids) + 1) if decode(token_ids[:n]).startswith(through)), len(token_ids))
-    return text[:at], token_ids[:n]
-
-
-def storable(text: str) -> str:
-    """Postgres text and JSONB cannot hold NUL; a model may still emit it (U+FFFD instead; token_ids keep the truth)."""
-    return text.replace("\x00", "\ufffd")
