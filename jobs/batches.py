@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from . import lifecycle, submission
 from .config import Settings
 from .models import Batch, File, Item, ItemResult, Job
-from .openai_format import model_id, response_body
+from .openai_format import ENDPOINTS, model_id, response_body
 from .openai_spec import REQUESTS, BatchLine
 from .queue import BROKER_ERRORS, enqueue_unsent
 from .spec import ItemIn, JobCreate, check_text
@@ -220,7 +220,7 @@ def result_line(batch: Batch, job: Job, item: Item, result: ItemResult) -> dict:
     line = {"id": f"batch_req_{item.id}", "custom_id": item.custom_id, "response": None, "error": None}
     request_id = f"req_{job.id.hex[:12]}_{item.idx}"
     if item.status == "completed":
-        prefix = "chatcmpl" if batch.endpoint.endswith("chat/completions") else "cmpl"
+        prefix = ENDPOINTS[batch.endpoint].id_prefix
         body = response_body(batch.endpoint, f"{prefix}-{job.id.hex[:12]}-{item.idx}", ts(item.finished_at),
                              batch.model, result.output, result.stats, result.baseline_stats)
         line["response"] = {"status_code": 200, "request_id": request_id, "body": body}

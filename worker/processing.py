@@ -24,16 +24,17 @@ DB_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError)
 
 
 def process(Session, engine, item_ids: list[int], max_attempts: int, db_retry_s: float = 0.0,
-            owner: str | None = None, lease_s: float = 60.0) -> int:
+            owner: str | None = None, lease_s: float = 60.0, publisher=None) -> int:
     """Returns the number of results written. Raises when Postgres is unreachable at the claim, or still
     unreachable `db_retry_s` after the batch was decoded (the caller hands the items back to the queue).
-    `owner`: the worker's lease owner (worker/lease.py); its results are written only for items it still holds."""
+    `owner`: the worker's lease owner (worker/lease.py); its results are written only for items it still holds.
+    `publisher(item, decode)`: a jobs.streaming.Publisher for an item whose tokens are streamed (None: no streaming)."""
     with Session.begin() as session:
         claimed, gave_up = lifecycle.claim(session, sorted(set(item_ids)), max_attempts, owner, lease_s)
         written = lifecycle.record(session, gave_up)
     if claimed:
         job_ids = sorted({str(c.job_id) for c in claimed})
-        outcomes = decode(engine, claimed)
+        outcomes = decode(engine, claimed, publisher)
         written += write_results(Session, outcomes, db_retry_s, owner)
         type_of = {c.id: c.job_type for c in claimed}
         for outcome in outcomes:
@@ -78,18 +79,18 @@ def write_results(Session, outcomes: list[Outcome], retry_s: float, owner: str |
             return write_results(Session, [Outcome(outcomes[0].item_id, error=message)], 0.0, owner)
 
 
-def decode(engine, items: list[Claimed]) -> list[Outcome]:
+def decode(engine, items: list[Claimed], publisher=None) -> list[Outcome]:
     """Items with the same job type, decode params and baseline-sample flag are decoded in one generate() call.
     A group that raises is retried one item at a time, so one bad item fails alone."""
     groups: dict[tuple, list[Claimed]] = defaultdict(list)
     for item in items:
-        # Stop strings are applied per item after decoding, so they do not split a batch.
-        decode_params = {k: v for k, v in item.params.items() if k != "stop"}
+        # Stop strings are applied per item after decoding, and streaming is per item: neither splits a batch.
+        decode_params = {k: v for k, v in item.params.items() if k not in ("stop", "stream")}
         groups[(item.job_type, item.baseline_sample, json.dumps(decode_params, sort_keys=True))].append(item)
     outcomes = []
     for group in groups.values():
         try:
-            outcomes += decode_group(engine, group)
+            outcomes += decode_group(engine, group, publisher)
         except Exception as exc:  # noqa: BLE001 - isolate, then record the failure on the item
             metrics.FAILURES.labels("item" if len(group) == 1 else "group").inc()
             if len(group) == 1:
@@ -97,17 +98,17 @@ def decode(engine, items: list[Claimed]) -> list[Outcome]:
                 outcomes.append(Outcome(group[0].id, error=f"{exc.__class__.__name__}: {exc}"))
             else:
                 log.warning("a batch of %d failed (%r); decoding its items one by one", len(group), exc)
-                outcomes += [o for item in group for o in decode(engine, [item])]
+                outcomes += [o for item in group for o in decode(engine, [item], publisher)]
     return outcomes
 
 
-def decode_group(engine, group: list[Claimed]) -> list[Outcome]:
+def decode_group(engine, group: list[Claimed], publisher=None) -> list[Outcome]:
     """One generate() call for the group; the job's kind builds each item's input and reads its result."""
     params, kind = group[0].params, kinds.get(group[0].job_type)
     decoder = engine.decoder(params["parallel_degree"], params["validation_threshold"])
     given = [kind.model_input(item, item.options or {}, decoder.score_options) for item in group]
     ids = [engine.chat.encode_messages(g.turns) for g in given]
-    spec = generate(engine, decoder, ids, params, speculative=True)
+    spec = generate(engine, decoder, ids, params, speculative=True, on_tokens=stream_to(engine, group, publisher))
     base = generate(engine, decoder, ids, params, speculative=False) if group[0].baseline_sample else None
     observe(spec, base)
     outcomes = []
@@ -118,12 +119,22 @@ def decode_group(engine, group: list[Claimed]) -> list[Outcome]:
     return outcomes
 
 
-def generate(engine, decoder, ids: list[list[int]], params: dict, speculative: bool):
+def stream_to(engine, group: list[Claimed], publisher):
+    """generate()'s on_tokens for the group's items that stream (their params say `stream`); None if none does, so
+    the decoder runs without a callback."""
+    publishers = {i: publisher(item, engine.target.decode) for i, item in enumerate(group)
+                  if publisher is not None and item.params.get("stream")}
+    if not publishers:
+        return None
+    return lambda i, tokens: publishers[i].add(tokens) if i in publishers else None
+
+
+def generate(engine, decoder, ids: list[list[int]], params: dict, speculative: bool, on_tokens=None):
     """decoder.generate_ids over the prompts' token ids; each item's stats get its share of the call's wall time (by
     new tokens), which is what job throughput is computed from, and its prompt length (usage)."""
     results = decoder.generate_ids(ids, max_new_tokens=params["max_new_tokens"], temperature=params["temperature"],
                                    top_p=params["top_p"], top_k=params["top_k"], batch_size=engine.batch_size,
-                                   speculative=speculative, seed=params.get("seed"))
+                                   speculative=speculative, seed=params.get("seed"), on_tokens=on_tokens)
     wall = decoder.last_stats["wall_time_s"]
     total = sum(len(r.token_ids) for r in results)
     out = []
