@@ -1,6 +1,7 @@
 """The SQLAlchemy models: the one place the schema is described (Alembic migrations follow it)."""
 from __future__ import annotations
 
+import builtins
 import uuid
 from datetime import datetime
 
@@ -190,7 +191,8 @@ FILE_PURPOSES = ("batch", "batch_output")
 
 
 class File(Base):
-    """An uploaded batch input file, or a batch's output or error file (OpenAI's /v1/files), kept in Postgres."""
+    """An uploaded batch input file, or a batch's output or error file (OpenAI's /v1/files). The row is in Postgres;
+    the bytes are in it or in FILES_DIR (jobs/files.py)."""
     __tablename__ = "files"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "file-<hex>"
@@ -198,13 +200,15 @@ class File(Base):
     purpose: Mapped[str] = mapped_column(String(32))
     filename: Mapped[str] = mapped_column(String(256))
     bytes: Mapped[int] = mapped_column(BigInteger)
-    content: Mapped[bytes] = mapped_column(LargeBinary)
+    # NULL: the bytes are in FILES_DIR (jobs/files.py). builtins.bytes: the `bytes` column above shadows the name.
+    content: Mapped[builtins.bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # gone after this (retention)
 
     __table_args__ = (
         CheckConstraint(_in("purpose", FILE_PURPOSES), name="purpose"),
         Index(None, "api_key_id", "created_at", "id"),
+        Index(None, "expires_at"),  # the retention sweep
     )
 
 
@@ -233,4 +237,5 @@ class Batch(Base):
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
 
-    __table_args__ = (Index(None, "api_key_id", "created_at", "id"),)
+    __table_args__ = (Index(None, "api_key_id", "created_at", "id"),
+                      Index(None, "input_file_id"))  # the retention sweep: is an expired file still read?

@@ -23,6 +23,7 @@ DECODE_TASK = "worker.decode_items"
 REQUEUE_TASK = "worker.requeue_unsent"
 DISPATCH_TASK = "worker.dispatch_schedules"
 RECONCILE_TASK = "worker.reconcile"
+SWEEP_FILES_TASK = "worker.sweep_files"
 MAX_PRIORITY = 9  # API priority 0..9, 9 most urgent
 
 
@@ -35,7 +36,8 @@ def make_celery(settings: Settings) -> Celery:
         task_default_queue=settings.queue,
         task_routes={DECODE_TASK: {"queue": settings.queue}, REQUEUE_TASK: {"queue": settings.queue + ".maint"},
                      DISPATCH_TASK: {"queue": settings.queue + ".maint"},
-                     RECONCILE_TASK: {"queue": settings.queue + ".maint"}},
+                     RECONCILE_TASK: {"queue": settings.queue + ".maint"},
+                     SWEEP_FILES_TASK: {"queue": settings.queue + ".maint"}},
         # Redeliver the messages of a batch whose worker died; writes are idempotent (see worker/processing.py).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -65,6 +67,9 @@ def make_celery(settings: Settings) -> Celery:
     )
     # Re-send items whose messages Redis lost (jobs/reconcile.py).
     app.conf.beat_schedule["reconcile"] = {"task": RECONCILE_TASK, "schedule": settings.reconcile_interval_s}
+    # Delete /v1/files past their retention (jobs/files.py).
+    app.conf.beat_schedule["sweep-files"] = {"task": SWEEP_FILES_TASK, "schedule": settings.files_sweep_interval_s,
+                                             "options": {"expires": settings.files_sweep_interval_s}}
     return app
 
 

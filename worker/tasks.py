@@ -14,9 +14,9 @@ from celery_batches.trace import apply_batches_task
 from jobs.config import get_settings
 from jobs.db import get_engine as get_db_engine
 from jobs.db import session_factory
-from jobs import schedules, streaming
-from jobs.queue import (BROKER_ERRORS, DECODE_TASK, DISPATCH_TASK, RECONCILE_TASK, REQUEUE_TASK, celery_app,
-                        enqueue_unsent)
+from jobs import files, schedules, streaming
+from jobs.queue import (BROKER_ERRORS, DECODE_TASK, DISPATCH_TASK, RECONCILE_TASK, REQUEUE_TASK, SWEEP_FILES_TASK,
+                        celery_app, enqueue_unsent)
 from jobs.reconcile import reconcile as reconcile_items
 from jobs.reconcile import running_cutoff_s
 
@@ -226,3 +226,14 @@ def reconcile():
         log.warning("reconciler: broker unavailable; trying again at the next run")
         return 0
     return report.resent
+
+
+@celery_app.task(name=SWEEP_FILES_TASK, acks_late=False)
+def sweep_files():
+    """Beat, every FILES_SWEEP_INTERVAL_S: delete the files past their retention that no running batch reads, and
+    FILES_DIR's leftovers of failed uploads (jobs/files.py)."""
+    with Session() as session:
+        deleted = files.sweep(session, settings)
+    if deleted:
+        log.info("deleted %d expired files", deleted)
+    return deleted
