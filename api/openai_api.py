@@ -16,7 +16,7 @@ from sqlalchemy import select
 from jobs import streaming
 from jobs.models import Item
 from jobs.openai_format import ENDPOINTS, chunk, closing_chunks, model_id, response_body
-from jobs.openai_spec import CHAT, COMPLETIONS, REQUESTS
+from jobs.openai_spec import CHAT, COMPLETIONS
 
 from .errors import ApiError
 from .views import item_result, json_body, run_one, state, submit_one, validate
@@ -36,7 +36,7 @@ def check_model(name: str) -> None:
 
 
 def complete(endpoint: str):
-    request = validate(REQUESTS[endpoint], json_body())
+    request = validate(ENDPOINTS[endpoint].request, json_body())
     check_model(request.model)
     if request.stream:
         return stream(endpoint, request)
@@ -84,7 +84,12 @@ def stream_events(endpoint: str, head: dict, job, stream_key: str, s, include_us
     body = response_body(endpoint, head["id"], head["created"], head["model"], result.output, result.stats,
                          result.baseline_stats)
     final = kind.text(body)
-    if final.startswith(sent) and len(final) > len(sent):  # what the stream did not carry
+    if not final.startswith(sent):  # a retried decode sampled another answer than the one partly streamed
+        yield sse({"error": {"message": "the item was decoded again and its answer differs from the text streamed "
+                             "so far; request it again without `stream`", "type": "server_error", "param": None,
+                             "code": "stream_diverged"}})
+        return
+    if len(final) > len(sent):  # what the stream did not carry
         yield sse(chunk(endpoint, head, kind.chunk_choice(final[len(sent):])))
     for event in closing_chunks(endpoint, body, include_usage):
         yield sse(event)

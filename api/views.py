@@ -156,7 +156,8 @@ def job_out(job: Job) -> dict:
     return JobOut(
         id=str(job.id), type=job.type, status=job.status, priority=job.priority,
         params={k: job.params[k] for k in PARAM_ORDER if k in job.params},  # JSONB does not keep key order
-        metadata=job.metadata_, **kinds.get(job.type).shown(job.options or {}), progress=done / job.total_items if job.total_items else 1.0,
+        metadata=job.metadata_, **kinds.get(job.type).shown(job.options or {}),
+        progress=done / job.total_items if job.total_items else 1.0,
         item_counts={"total": job.total_items, "completed": job.completed_items, "failed": job.failed_items,
                      "cancelled": job.cancelled_items},
         created_at=job.created_at, started_at=job.started_at, cancel_requested_at=job.cancel_requested_at,

@@ -23,7 +23,7 @@ from . import files, lifecycle, submission
 from .config import Settings
 from .models import Batch, File, Item, ItemResult, Job
 from .openai_format import ENDPOINTS, model_id, response_body
-from .openai_spec import REQUESTS, BatchLine
+from .openai_spec import BatchLine
 from .queue import BROKER_ERRORS, enqueue_unsent
 from .spec import ItemIn, JobCreate, check_text
 
@@ -91,7 +91,7 @@ def parse_line(raw: bytes, number: int, endpoint: str, model: str) -> ItemIn | d
         return line_error(number, custom_id, "invalid_url", f"url {line.url!r} is not the batch's endpoint "
                           f"{endpoint!r}", "url")
     try:
-        request = REQUESTS[endpoint].model_validate(line.body)
+        request = ENDPOINTS[endpoint].request.model_validate(line.body)
     except ValidationError as exc:
         param, message = param_of(exc, "body.")
         return line_error(number, custom_id, "invalid_request", f"{param}: {message}", param)

@@ -6,7 +6,7 @@ Every body carries one extension field, `eagle3`: the item's speculative-decodin
 """
 from __future__ import annotations
 
-from .openai_spec import CHAT, COMPLETIONS
+from .openai_spec import CHAT, COMPLETIONS, ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
 
 def eagle3_stats(stats: dict | None, baseline: dict | None = None) -> dict | None:
@@ -36,9 +36,11 @@ def usage(stats: dict | None, output: dict) -> dict:
 
 
 class Endpoint:
-    """How one OpenAI route's answers look: the object, its choice, and its stream chunks. The request side is
-    openai_spec.REQUESTS; batch lines use both, so a batch answer is what the sync route returns."""
+    """One OpenAI route: its request body, and how its answers look (the object, its choice, its stream chunks).
+    The sync route and the batch lines for it both use it, so a batch answer is what the sync route returns.
+    Another route: one subclass in ENDPOINTS."""
     path: str
+    request: type[OpenAIRequest]
     id_prefix: str  # of response ids: "chatcmpl-...", "cmpl-..."
     object: str
     chunk_object: str
@@ -61,6 +63,7 @@ class Endpoint:
 
 class Chat(Endpoint):
     path, id_prefix, object, chunk_object = CHAT, "chatcmpl", "chat.completion", "chat.completion.chunk"
+    request = ChatCompletionRequest
 
     def choice(self, text, finish):
         return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None}, "logprobs": None,
@@ -80,6 +83,7 @@ class Chat(Endpoint):
 class Completion(Endpoint):
     # OpenAI streams legacy completions as text_completion objects too.
     path, id_prefix, object, chunk_object = COMPLETIONS, "cmpl", "text_completion", "text_completion"
+    request = CompletionRequest
 
     def choice(self, text, finish):
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}

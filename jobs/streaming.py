@@ -5,7 +5,8 @@ nothing is lost if it starts reading after the first tokens. Only the text the f
 with is sent: text that could still turn out to be part of a stop string is held back (the stored answer is cut
 before the first stop string), and so is a trailing U+FFFD (the tokens so far may end inside a multi-byte
 character). Once the item's result is stored the API sends what is missing, so the concatenated increments always
-equal the stored answer. The stream is a convenience: the result in Postgres stays the source of truth.
+equal the stored answer. The stream is a convenience: the result in Postgres stays the source of truth (if a retried decode sampled a
+different answer than the one partly streamed, the API ends the stream with an error event).
 
 Torch-free: the worker hands in its tokenizer's decode function.
 """
@@ -40,8 +41,18 @@ class Publisher:
     def __init__(self, client: redis.Redis, stream_key: str, decode, stops: list[str] | None):
         self.client, self.key, self.decode, self.stops = client, stream_key, decode, stops
         self.tokens: list[int] = []
-        self.sent = ""
         self.failed = False
+        # A second decode of the item (its batch failed and is retried item by item, or it was redelivered) goes
+        # on from what the first one already sent, rather than sending it again.
+        self.sent = self.already_sent()
+
+    def already_sent(self) -> str:
+        try:
+            return "".join(fields[b"delta"].decode() for _, fields in self.client.xrange(self.key))
+        except redis.RedisError as exc:
+            log.warning("token stream %s unavailable: %r", self.key, exc)
+            self.failed = True
+            return ""
 
     def add(self, tokens: list[int]) -> None:
         self.tokens += tokens

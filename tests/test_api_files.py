@@ -124,7 +124,8 @@ def test_batch_input_and_output_in_the_storage(storage, worker):
     output = storage.client.get(f"/v1/files/{batch['output_file_id']}/content").data
     assert sorted(json.loads(line)["custom_id"] for line in output.splitlines()) == ["r0", "r1", "r2"]
     out = storage.client.get(f"/v1/files/{batch['output_file_id']}").get_json()
-    assert out["purpose"] == "batch_output" and out["expires_at"] - out["created_at"] == pytest.approx(30 * 86400, abs=2)
+    assert out["purpose"] == "batch_output"
+    assert out["expires_at"] - out["created_at"] == pytest.approx(30 * 86400, abs=2)
     if storage.dir is not None:
         assert row(storage, batch["output_file_id"]).content is None
         assert (storage.dir / batch["output_file_id"]).read_bytes() == output

@@ -41,3 +41,19 @@ def test_publisher_increments_read_back_in_order():
         assert streaming.read(client, key, after, 10) == ([], after)  # nothing new after the last one read
     finally:
         client.delete(key)
+
+
+def test_a_second_decode_goes_on_from_what_was_sent():
+    """A retried or redelivered item decodes from the start again: its publisher sends only what is new."""
+    client = redis.Redis.from_url(get_settings().redis_url)
+    key = streaming.key(f"test-{uuid.uuid4().hex}", 2)
+    try:
+        streaming.Publisher(client, key, byte_decode, None).add(list(b"Hello"))
+        again = streaming.Publisher(client, key, byte_decode, None)
+        assert again.sent == "Hello"
+        again.add(list(b"Hel"))
+        again.add(list(b"lo world"))
+        deltas, _ = streaming.read(client, key, "0", 100)
+        assert deltas == ["Hello", " world"]
+    finally:
+        client.delete(key)
