@@ -55,7 +55,8 @@ def spec() -> dict:
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
     upload = {"type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary", "description": "JSONL, one ItemIn object per line"},
-        "job": {"type": "string", "description": "JSON of JobOptions (type, params, priority, metadata)"}}}
+        "job": {"type": "string", "description": "JSON of JobOptions (type, params, priority, metadata, labels, "
+                                                 "policy)"}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "EAGLE-3 batch inference jobs", "version": "1",

@@ -52,8 +52,8 @@ class Kind:
         return tokenizer.turns(prompt, messages)
 
     def model_input(self, item, options: dict, score: Callable) -> ModelInput:
-        """`item`: a claimed item (prompt, messages, params); `score(prompt, options)`: the decoder's log-probability
-        of each option as the start of the reply."""
+        """`item`: a claimed item (prompt, messages, params); `score(prompt, choices)`: the decoder's log-probability
+        of each choice (a string) as the start of the reply."""
         return ModelInput(tokenizer.turns(item.prompt, item.messages))
 
     def result(self, item, given: ModelInput, text: str, token_ids: list[int], stats: dict,
