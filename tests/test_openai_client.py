@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import openai
 import pytest
-from conftest import make_key, serving
+from conftest import RUN_ID, make_key, serving
 from sqlalchemy import func, update
 
 from jobs.models import Batch, File
@@ -84,6 +84,19 @@ def test_streamed_completion_equals_the_plain_one_with_and_without_stop(oai, wor
         assert "".join(texts) == plain.choices[0].text
         assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
     assert plain.choices[0].text == full[:full.index(stop)] and plain.choices[0].finish_reason == "stop"
+
+
+def test_a_stream_without_a_result_in_time_ends_with_an_error_the_client_raises(api_key):
+    """After the 200 is sent, a timeout can only be an `error` event: the client raises it, no [DONE] is faked."""
+    from api import create_app
+
+    app = create_app({"queue": f"nobody-{RUN_ID}", "generate_timeout_s": 1.0})  # no worker consumes this queue
+    with serving(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=30)
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                stream=True)
+        with pytest.raises(openai.APIError, match="no result within 1 s"):
+            list(stream)
 
 
 def test_client_exception_classes(oai, base_url):
