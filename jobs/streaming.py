@@ -5,8 +5,8 @@ nothing is lost if it starts reading after the first tokens. Only the text the f
 with is sent: text that could still turn out to be part of a stop string is held back (the stored answer is cut
 before the first stop string), and so is a trailing U+FFFD (the tokens so far may end inside a multi-byte
 character). Once the item's result is stored the API sends what is missing, so the concatenated increments always
-equal the stored answer. The stream is a convenience: the result in Postgres stays the source of truth (if a retried decode sampled a
-different answer than the one partly streamed, the API ends the stream with an error event).
+equal the stored answer. The stream is a convenience: the result in Postgres stays the source of truth (if a retried
+decode sampled a different answer than the one partly streamed, the API ends the stream with an error event).
 
 Torch-free: the worker hands in its tokenizer's decode function.
 """
