@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import redis
 from flask import Flask
 
 from jobs.config import Settings, get_settings
@@ -19,6 +20,7 @@ class State:
     Session: object  # sessionmaker
     celery: object  # a Celery app used only to send messages and ping workers
     limiter: object = None  # flask_limiter.Limiter
+    redis: object = None  # redis.Redis of the token streams (jobs/streaming.py); connects on first use
 
 
 def create_app(overrides: dict | None = None) -> Flask:
@@ -28,7 +30,8 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # larger bodies: 413
     app.json.sort_keys = False
     app.extensions["jobs"] = State(settings=settings, Session=session_factory(settings.database_url),
-                                   celery=make_celery(settings))
+                                   celery=make_celery(settings),
+                                   redis=redis.Redis.from_url(settings.redis_url, socket_timeout=5.0))
     configure_logging()
 
     from . import auth, metrics, ratelimit

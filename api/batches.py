@@ -6,7 +6,7 @@ from __future__ import annotations
 from flask import Blueprint, request
 from sqlalchemy import select
 
-from jobs import batches, lifecycle, submission
+from jobs import batches, files, lifecycle, submission
 from jobs.models import Batch, File
 from jobs.openai_spec import BatchCreate, BatchListQuery
 
@@ -27,10 +27,15 @@ def get_batch(session, batch_id: str) -> Batch:
 
 def present(session, batch: Batch) -> dict:
     """The batch brought up to date (expiry, output files) and committed, as OpenAI's batch object."""
-    job = batches.refresh(session, batch)
+    job = batches.refresh(session, batch, state().settings)
     body = batches.batch_object(session, batch, job)
     session.commit()
     return body
+
+
+def no_input_file(file_id: str) -> ApiError:
+    return ApiError(400, "Bad Request", f"no batch input file {file_id!r}",
+                    errors=[{"field": "input_file_id", "type": "invalid_file"}])
 
 
 @bp.post("/v1/batches")
@@ -41,12 +46,13 @@ def create_batch():
         # A missing file (or another key's) is a bad parameter of this request: 400, not 404.
         input_file = session.scalar(live(select(File).where(File.id == body.input_file_id, File.purpose == "batch")))
         if input_file is None:
-            raise ApiError(400, "Bad Request", f"no batch input file {body.input_file_id!r}",
-                           errors=[{"field": "input_file_id", "type": "invalid_file"}])
+            raise no_input_file(body.input_file_id)
         session.expunge(input_file)
     try:
         batch_id = batches.create(s.Session, s.celery, s.settings, auth.key_id(), input_file, body.endpoint,
                                   body.metadata)
+    except files.Gone:  # its bytes were deleted meanwhile (retention)
+        raise no_input_file(body.input_file_id) from None
     except submission.QuotaExceeded as exc:
         raise ApiError(429, "Too many queued items", str(exc),
                        headers={"Retry-After": str(s.settings.quota_retry_after_s)}) from None
@@ -73,7 +79,7 @@ def cancel_batch(batch_id: str):
     with state().Session() as session:
         batch = get_batch(session, batch_id)
         try:
-            batches.cancel(session, batch)
+            batches.cancel(session, batch, state().settings)
         except lifecycle.Conflict as exc:
             raise ApiError(409, "Conflict", str(exc)) from None
         return present(session, batch)

@@ -1,11 +1,12 @@
 """OpenAI-compatible /v1/files: batch input files uploaded by the caller, and the output and error files of its
-batches. Kept in Postgres, visible to the key that owns them only (another key's file is 404). Output files are
-deleted after jobs.batches.OUTPUT_RETENTION."""
+batches. Stored in Postgres or FILES_DIR, visible to the key that owns them only (another key's file is 404), and
+gone once expired (retention: jobs/files.py)."""
 from __future__ import annotations
 
 from flask import Blueprint, Response, request
-from sqlalchemy import delete, func, or_, select, tuple_
+from sqlalchemy import select, tuple_
 
+from jobs import files
 from jobs.batches import new_id, ts
 from jobs.models import File
 from jobs.openai_spec import FileListQuery
@@ -24,9 +25,8 @@ def file_object(file: File) -> dict:
 
 
 def live(statement):
-    """The caller's files that have not passed their retention."""
-    return statement.where(File.api_key_id == auth.key_id(),
-                           or_(File.expires_at.is_(None), File.expires_at > func.now()))
+    """The caller's files that have not passed their retention (jobs/files.py)."""
+    return statement.where(File.api_key_id == auth.key_id(), files.live())
 
 
 def get_file(session, file_id: str) -> File:
@@ -59,6 +59,13 @@ def storable_name(filename: str | None) -> str:
     return name[:256] or "input.jsonl"
 
 
+def content_of(file: File) -> bytes:
+    try:
+        return files.read(state().settings, file)
+    except files.Gone:
+        raise ApiError(404, "Not Found", f"The content of {file.id} is no longer stored") from None
+
+
 @bp.post("/v1/files")
 def upload_file():
     upload = request.files.get("file") if request.mimetype == "multipart/form-data" else None
@@ -68,9 +75,10 @@ def upload_file():
     if request.form.get("purpose") != "batch":
         raise invalid([{"field": "purpose", "message": "only purpose=batch can be uploaded here",
                         "type": "value_error"}], 400)
-    content = upload.read()
-    file = File(id=new_id("file-"), api_key_id=auth.key_id(), purpose="batch", bytes=len(content),
-                filename=storable_name(upload.filename), content=content)
+    settings = state().settings
+    file = File(id=new_id("file-"), api_key_id=auth.key_id(), purpose="batch", filename=storable_name(upload.filename),
+                expires_at=files.input_expiry(settings))
+    files.store(settings, file, upload.read())
     with state().Session() as session:
         session.add(file)
         session.commit()
@@ -81,8 +89,7 @@ def upload_file():
 def list_files():
     query = validate(FileListQuery, request.args.to_dict())
     with state().Session() as session:
-        session.execute(delete(File).where(File.api_key_id == auth.key_id(), File.expires_at <= func.now()))
-        session.commit()
+        files.sweep(session, state().settings, auth.key_id())
         statement = live(select(File))
         if query.purpose:
             statement = statement.where(File.purpose == query.purpose)
@@ -100,13 +107,12 @@ def retrieve_file(file_id: str):
 def file_content(file_id: str):
     with state().Session() as session:
         file = get_file(session, file_id)
-        return Response(file.content, mimetype="application/octet-stream",
+        return Response(content_of(file), mimetype="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="{file.id}.jsonl"'})
 
 
 @bp.delete("/v1/files/<file_id>")
 def delete_file(file_id: str):
     with state().Session() as session:
-        session.delete(get_file(session, file_id))
-        session.commit()
+        files.delete_file(session, state().settings, get_file(session, file_id))
     return {"id": file_id, "object": "file", "deleted": True}

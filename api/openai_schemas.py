@@ -96,7 +96,9 @@ class FileObject(BaseModel):
     created_at: int
     filename: str
     purpose: Literal["batch", "batch_output"]
-    expires_at: int | None = None
+    expires_at: int | None = Field(None, description="When the file is deleted (INPUT_FILE_RETENTION_S after upload; "
+                                                      "30 days for batch outputs); null: kept until deleted. An "
+                                                      "expired input of a running batch is kept until it ends.")
     status: Literal["processed"] = "processed"
 
 

@@ -55,7 +55,8 @@ def spec() -> dict:
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
     upload = {"type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary", "description": "JSONL, one ItemIn object per line"},
-        "job": {"type": "string", "description": "JSON of JobOptions (type, params, priority, metadata)"}}}
+        "job": {"type": "string", "description": "JSON of JobOptions (type, params, priority, metadata, labels, "
+                                                 "policy)"}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "EAGLE-3 batch inference jobs", "version": "1",
@@ -160,8 +161,10 @@ def openai_errors(*codes: int) -> dict:
 
 def openai_paths() -> dict:
     """The OpenAI-compatible routes (errors in OpenAI's shape; see api/openai_api.py)."""
-    stream = {"text/event-stream": {"schema": {"type": "string", "description": "data: <chunk JSON> lines, then "
-                                               "data: [DONE]"}}}
+    stream = {"text/event-stream": {"schema": {"type": "string", "description": (
+        "data: <chunk JSON> lines as the worker decodes (their text concatenates to the non-streamed answer), "
+        "then the finish chunk (with `eagle3`), the usage chunk with stream_options.include_usage, and "
+        "data: [DONE]; an error after the stream began is a data: {\"error\": ...} line")}}}
 
     def sync(summary, op, request, response):
         return {"post": {"summary": summary, "operationId": op, "requestBody": {"required": True, **body(request)},

@@ -74,6 +74,9 @@ class JobOut(BaseModel):
     priority: int
     params: dict[str, Any]
     metadata: dict[str, str]
+    labels: list[str] | None = Field(None, description="review: the job's label set (default: the built-in "
+                                                       "taxonomy); absent for other types.")
+    policy: str | None = Field(None, description="review: the job's policy text, if it gave one.")
     item_counts: ItemCounts
     progress: float = Field(description="Finished items / total, 0..1.")
     created_at: datetime
@@ -99,7 +102,8 @@ class ResultOut(BaseModel):
     index: int
     status: ItemStatus
     output: dict[str, Any] | None = Field(
-        description="generation: {text, token_ids}; review: {label, score, rationale, label_scores}.")
+        description="generation: {text, token_ids}; review: {label, score, rationale, label_scores} (label_scores: "
+                    "one probability per label of the job's label set).")
     error: ItemError | None
     stats: dict[str, Any] | None = Field(description="Decoder stats of this item (speculative run).")
     baseline_stats: dict[str, Any] | None = Field(description="Vanilla run of the item, when it was in the sample.")

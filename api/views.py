@@ -11,7 +11,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import select, tuple_
 
-from jobs import lifecycle, submission
+from jobs import kinds, lifecycle, submission
 from jobs.models import Item, ItemResult, Job
 from jobs.queue import MAX_PRIORITY
 
@@ -156,7 +156,8 @@ def job_out(job: Job) -> dict:
     return JobOut(
         id=str(job.id), type=job.type, status=job.status, priority=job.priority,
         params={k: job.params[k] for k in PARAM_ORDER if k in job.params},  # JSONB does not keep key order
-        metadata=job.metadata_, progress=done / job.total_items if job.total_items else 1.0,
+        metadata=job.metadata_, **kinds.get(job.type).shown(job.options or {}),
+        progress=done / job.total_items if job.total_items else 1.0,
         item_counts={"total": job.total_items, "completed": job.completed_items, "failed": job.failed_items,
                      "cancelled": job.cancelled_items},
         created_at=job.created_at, started_at=job.started_at, cancel_requested_at=job.cancel_requested_at,
@@ -281,24 +282,34 @@ def cancel_job(job_id: str):
         return job_out(job)
 
 
-def run_one(item: ItemIn, source: str) -> tuple[Job, ItemResult]:
-    """One item as a job of its own at top priority, through the same queue as every job; waits up to
-    GENERATE_TIMEOUT_S for its result (a failed item's result carries the error). Used by /generate and the
-    OpenAI-compatible sync routes."""
+def submit_one(item: ItemIn, source: str, stream: bool = False) -> Job:
+    """One item as a job of its own at top priority, through the same queue as every job. `stream`: the worker
+    streams its tokens (jobs/streaming.py); a hidden item param, not part of the native API."""
     job_in = JobCreate(type="generation", priority=MAX_PRIORITY, metadata={"source": source}, items=[item])
-    job, _ = store_and_enqueue(job_in, None, check_items(job_in, single=True))
-    s = state()
-    deadline, pause = time.monotonic() + s.settings.generate_timeout_s, 0.02
-    while True:
-        with s.Session() as session:
-            result = session.scalar(select(ItemResult).join(Item).where(Item.job_id == job.id))
-        if result is not None:
-            return job, result
+    prepared = check_items(job_in, single=True)
+    if stream:
+        prepared = [(custom_id, {**params, "stream": True}) for custom_id, params in prepared]
+    return store_and_enqueue(job_in, None, prepared)[0]
+
+
+def item_result(job: Job, s=None) -> ItemResult | None:
+    """`s`: the app's State, for callers outside the request context (a streaming response)."""
+    with (s or state()).Session() as session:
+        return session.scalar(select(ItemResult).join(Item).where(Item.job_id == job.id))
+
+
+def run_one(item: ItemIn, source: str) -> tuple[Job, ItemResult]:
+    """submit_one, then wait up to GENERATE_TIMEOUT_S for its result (a failed item's result carries the error).
+    Used by /generate and the OpenAI-compatible sync routes."""
+    job = submit_one(item, source)
+    deadline, pause = time.monotonic() + state().settings.generate_timeout_s, 0.02
+    while (result := item_result(job)) is None:
         if time.monotonic() > deadline:
-            raise ApiError(504, "Timeout", f"no result within {s.settings.generate_timeout_s:g} s; the job "
-                           "continues: poll GET /v1/jobs/{job_id}", job_id=str(job.id))
+            raise ApiError(504, "Timeout", f"no result within {state().settings.generate_timeout_s:g} s; the "
+                           "job continues: poll GET /v1/jobs/{job_id}", job_id=str(job.id))
         time.sleep(pause)
         pause = min(pause * 1.5, 0.25)
+    return job, result
 
 
 @bp.post("/generate")

@@ -20,6 +20,7 @@ class Rows:
         self.forwards, self.rounds, self.accepted = [1] * n, [0] * n, [0] * n
         self.start, self.wall = [0.0] * n, [0.0] * n
         self.live, self.next = [], 0
+        self.on_tokens = None  # optional callback(slot, tokens): the tokens each emit appended (streaming)
 
     @property
     def waiting(self):
@@ -35,6 +36,15 @@ class Rows:
         return slots
 
     def emit(self, slot, toks):
+        if self.on_tokens is None:
+            self._append(slot, toks)
+            return
+        before = len(self.tokens[slot])
+        self._append(slot, toks)
+        if len(self.tokens[slot]) > before:
+            self.on_tokens(slot, self.tokens[slot][before:])
+
+    def _append(self, slot, toks):
         for t in toks:
             if t in self.eos:
                 self.finish[slot] = "stop"

@@ -127,8 +127,10 @@ class SpeculativeDecoder:
         return self.generate_ids(ids, max_new_tokens, temperature, top_p, top_k, batch_size, speculative, seed, refs)
 
     def generate_ids(self, ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, batch_size=8,
-                     speculative=True, seed=None, references=()):
-        """Like generate(), from already-tokenised prompts and references (lists of token ids, no template added)."""
+                     speculative=True, seed=None, references=(), on_tokens=None):
+        """Like generate(), from already-tokenised prompts and references (lists of token ids, no template added).
+        on_tokens: optional callback(i, tokens), called as prompt i's output grows by `tokens` (streaming); its
+        calls for one prompt concatenate to that prompt's token_ids."""
         _require(isinstance(ids, (list, tuple)) and len(ids) > 0, "prompts", "must be a non-empty list")
         _require(isinstance(max_new_tokens, int) and max_new_tokens >= 1, "max_new_tokens", "must be an integer >= 1")
         _require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", "must be >= 0")
@@ -149,8 +151,9 @@ class SpeculativeDecoder:
         results = [None] * len(ids)
         totals = dict(new_tokens=0, target_forwards=0, rounds=0, accepted=0, draft_time_s=0.0, verify_time_s=0.0,
                       wall_time_s=0.0, accept_hist=[0] * (self.depth + 1), plain_steps=0)
+        slot_cb = None if on_tokens is None else (lambda slot, toks: on_tokens(order[slot], toks))
         out = self._decode([list(ids[i]) for i in order], [limits[i] for i in order], batch_size, speculative,
-                           sampling, totals, [list(r) for r in references])
+                           sampling, totals, [list(r) for r in references], slot_cb)
         for i, r in zip(order, out):
             results[i] = r
         totals["accept_length"] = totals["accepted"] / totals["rounds"] if totals["rounds"] else 1.0
@@ -203,12 +206,13 @@ class SpeculativeDecoder:
         return torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=sampling["generator"]).view(probs.shape[:-1])
 
     @torch.no_grad()
-    def _decode(self, ids, limits, batch_size, speculative, sampling, totals, references=()):
+    def _decode(self, ids, limits, batch_size, speculative, sampling, totals, references=(), on_tokens=None):
         """Decode all prompts, at most batch_size rows at a time. A finished row's place goes to the next waiting
         prompt (continuous batching): speculative rows finish at different rounds, and a batch left to run on with a
         few stragglers would pay most of a full round for each of their tokens."""
         cap = max(map(len, ids)) + max(limits) + self.depth + self.total_tokens + 2
         batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap, references)
+        batch.rows.on_tokens = on_tokens
         pick = lambda logits: self._pick(logits, sampling)  # noqa: E731
         if speculative:
             self._speculative_rounds(batch, DRAFTERS[self.drafter](self.target, self.head, self.configured), pick,

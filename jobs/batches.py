@@ -19,11 +19,11 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from . import lifecycle, submission
+from . import files, lifecycle, submission
 from .config import Settings
 from .models import Batch, File, Item, ItemResult, Job
-from .openai_format import model_id, response_body
-from .openai_spec import REQUESTS, BatchLine
+from .openai_format import ENDPOINTS, model_id, response_body
+from .openai_spec import BatchLine
 from .queue import BROKER_ERRORS, enqueue_unsent
 from .spec import ItemIn, JobCreate, check_text
 
@@ -91,7 +91,7 @@ def parse_line(raw: bytes, number: int, endpoint: str, model: str) -> ItemIn | d
         return line_error(number, custom_id, "invalid_url", f"url {line.url!r} is not the batch's endpoint "
                           f"{endpoint!r}", "url")
     try:
-        request = REQUESTS[endpoint].model_validate(line.body)
+        request = ENDPOINTS[endpoint].request.model_validate(line.body)
     except ValidationError as exc:
         param, message = param_of(exc, "body.")
         return line_error(number, custom_id, "invalid_request", f"{param}: {message}", param)
@@ -146,7 +146,7 @@ def create(Session, celery, settings: Settings, api_key_id: int, input_file: Fil
     """Validate the input file and store the batch with its job in one transaction, then queue the items (if the
     broker is down they stay unsent in Postgres and beat sends them; the batch is still created). Returns its id.
     Raises submission.QuotaExceeded."""
-    parsed = parse(input_file.content, endpoint, settings)
+    parsed = parse(files.read(settings, input_file), endpoint, settings)
     created = now()
     batch = Batch(id=new_id("batch_"), api_key_id=api_key_id, endpoint=endpoint, model=model_id(settings.target),
                   input_file_id=input_file.id, completion_window="24h", metadata_=metadata,
@@ -174,7 +174,7 @@ def create(Session, celery, settings: Settings, api_key_id: int, input_file: Fil
 
 
 # ------------------------------------------------------------------------------------------------ reading
-def refresh(session: Session, batch: Batch) -> Job | None:
+def refresh(session: Session, batch: Batch, settings: Settings) -> Job | None:
     """Bring a batch up to date under its row lock: cancel it once past its window (expired, partial results
     kept), and write its output and error files once its job is final. Returns its job."""
     session.execute(select(Batch.id).where(Batch.id == batch.id).with_for_update())
@@ -186,11 +186,11 @@ def refresh(session: Session, batch: Batch) -> Job | None:
         if job.status != "cancelling":
             lifecycle.cancel(session, job.id)
     if job is not None and job.status in lifecycle.JOB_FINAL and batch.finalized_at is None:
-        write_files(session, batch, job)
+        write_files(session, batch, job, settings)
     return job
 
 
-def write_files(session: Session, batch: Batch, job: Job) -> None:
+def write_files(session: Session, batch: Batch, job: Job, settings: Settings) -> None:
     """The output file (completed requests) and the error file (lines that could not run, failed and cancelled
     requests): every custom_id of the input is in exactly one of them."""
     output, errors = [], [error_line(batch, e) for e in batch.line_errors]
@@ -198,18 +198,18 @@ def write_files(session: Session, batch: Batch, job: Job) -> None:
                            .order_by(Item.idx)).all()
     for item, result in rows:
         (output if item.status == "completed" else errors).append(result_line(batch, job, item, result))
-    batch.output_file_id = store_lines(session, batch, "output", output)
-    batch.error_file_id = store_lines(session, batch, "error", errors)
+    batch.output_file_id = store_lines(session, batch, "output", output, settings)
+    batch.error_file_id = store_lines(session, batch, "error", errors, settings)
     batch.finalized_at = now()
 
 
-def store_lines(session: Session, batch: Batch, kind: str, lines: list[dict]) -> str | None:
+def store_lines(session: Session, batch: Batch, kind: str, lines: list[dict], settings: Settings) -> str | None:
     if not lines:
         return None
     content = "".join(json.dumps(line) + "\n" for line in lines).encode()
     file = File(id=new_id("file-"), api_key_id=batch.api_key_id, purpose="batch_output",
-                filename=f"{batch.id}_{kind}.jsonl", bytes=len(content), content=content,
-                expires_at=now() + OUTPUT_RETENTION)
+                filename=f"{batch.id}_{kind}.jsonl", expires_at=now() + OUTPUT_RETENTION)
+    files.store(settings, file, content)
     session.add(file)
     return file.id
 
@@ -220,7 +220,7 @@ def result_line(batch: Batch, job: Job, item: Item, result: ItemResult) -> dict:
     line = {"id": f"batch_req_{item.id}", "custom_id": item.custom_id, "response": None, "error": None}
     request_id = f"req_{job.id.hex[:12]}_{item.idx}"
     if item.status == "completed":
-        prefix = "chatcmpl" if batch.endpoint.endswith("chat/completions") else "cmpl"
+        prefix = ENDPOINTS[batch.endpoint].id_prefix
         body = response_body(batch.endpoint, f"{prefix}-{job.id.hex[:12]}-{item.idx}", ts(item.finished_at),
                              batch.model, result.output, result.stats, result.baseline_stats)
         line["response"] = {"status_code": 200, "request_id": request_id, "body": body}
@@ -291,9 +291,9 @@ def batch_object(session: Session, batch: Batch, job: Job | None) -> dict:
     }
 
 
-def cancel(session: Session, batch: Batch) -> Job:
+def cancel(session: Session, batch: Batch, settings: Settings) -> Job:
     """Queued requests will not run; running ones finish and keep their results. Raises lifecycle.Conflict."""
-    job = refresh(session, batch)
+    job = refresh(session, batch, settings)
     if job is None or job.status in ("completed", "failed"):
         raise lifecycle.Conflict(f"the batch is already {status(batch, job)}")
     lifecycle.cancel(session, job.id)

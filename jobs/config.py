@@ -61,6 +61,13 @@ class Settings:
     max_queued_items_per_key: int = field(default_factory=lambda: _env("MAX_QUEUED_ITEMS_PER_KEY", 100_000, int))
     quota_retry_after_s: int = field(default_factory=lambda: _env("QUOTA_RETRY_AFTER_S", 60, int))
 
+    # /v1/files: the bytes go to this directory ("" = in Postgres), one file per id; the API and the worker (beat's
+    # sweep) must see the same directory. Input files expire this long after upload (0 = never); output and error
+    # files after 30 days. Beat deletes expired files every FILES_SWEEP_INTERVAL_S (jobs/files.py).
+    files_dir: str = field(default_factory=lambda: _env("FILES_DIR", ""))
+    input_file_retention_s: int = field(default_factory=lambda: _env("INPUT_FILE_RETENTION_S", 30 * 86400, int))
+    files_sweep_interval_s: float = field(default_factory=lambda: _env("FILES_SWEEP_INTERVAL_S", 3600.0, float))
+
     # Schedules with a file item source read JSONL files under this directory only ("" = file sources disabled).
     schedule_input_dir: str = field(default_factory=lambda: _env("SCHEDULE_INPUT_DIR", ""))
     # Workload adaptation (eagle3/adapt.py): beat sends worker.adapt_head on this 5-field cron (UTC; "" = never,

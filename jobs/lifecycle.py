@@ -52,6 +52,7 @@ class Claimed:
     baseline_sample: bool
     job_id: uuid.UUID | None = None
     messages: list[dict] | None = None  # chat turns instead of `prompt`
+    options: dict | None = None  # the job's kind-specific fields (jobs/kinds.py)
 
 
 def _lease_free(owner: str | None):
@@ -85,7 +86,8 @@ def claim(session: Session, item_ids: list[int], max_attempts: int, owner: str |
         job = jobs[job_id]
         if job.status == "queued":
             job.status, job.started_at = "running", _now()
-    claimed = [Claimed(r.id, jobs[r.job_id].type, r.prompt, r.params, r.baseline_sample, r.job_id, r.messages)
+    claimed = [Claimed(r.id, jobs[r.job_id].type, r.prompt, r.params, r.baseline_sample, r.job_id, r.messages,
+                       jobs[r.job_id].options)
                for r in sorted(rows, key=lambda r: r.id)]
     gave_up = [Outcome(item_id, error=f"gave up after {max_attempts} deliveries (the worker was lost each time)")
                for item_id in exhausted]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from jinja2.exceptions import TemplateError
 
-from jobs import review, tokenizer
+from jobs import kinds, tokenizer
 
 # SpeculativeDecoder's default tree depth (eagle3/decoder.py; the workers build their decoders with it). A test
 # checks the two agree: eagle3 cannot be imported here, it pulls in torch.
@@ -20,17 +20,13 @@ def tree_headroom() -> int:
     return DECODER_DEPTH + 2
 
 
-def prompt_for(job_type: str, prompt: str) -> str:
-    """The longest prompt the worker will send to the decoder for this item."""
-    return review.longest_prompt(prompt) if job_type == "review" else prompt
-
-
 def too_long(target_name: str, job_type: str, prompt: str | None, max_new_tokens: int,
-             messages: list[dict] | None = None) -> str | None:
+             messages: list[dict] | None = None, options: dict | None = None) -> str | None:
     """An error message if the item (a prompt or chat messages) cannot fit in the context, else None. The same bound
-    the decoder applies, so an item accepted here is never rejected by the worker for its length."""
+    the decoder applies, so an item accepted here is never rejected by the worker for its length. The job's kind
+    says what the worker will build from the item (`options`: the job's kind-specific fields)."""
     chat = tokenizer.load(target_name)
-    turns = tokenizer.turns(None if prompt is None else prompt_for(job_type, prompt), messages)
+    turns = kinds.get(job_type).longest_turns(prompt, messages, options or {})
     try:
         n, context = len(chat.encode_messages(turns)), chat.max_context
     except TemplateError as exc:  # e.g. a template that requires alternating user/assistant turns

@@ -1,6 +1,7 @@
 """The SQLAlchemy models: the one place the schema is described (Alembic migrations follow it)."""
 from __future__ import annotations
 
+import builtins
 import uuid
 from datetime import datetime
 
@@ -9,7 +10,9 @@ from sqlalchemy import (BigInteger, Boolean, CheckConstraint, DateTime, Double, 
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-JOB_TYPES = ("generation", "review")
+from .kinds import KINDS
+
+JOB_TYPES = tuple(KINDS)  # the registered job kinds (jobs/kinds.py)
 JOB_STATUSES = ("queued", "running", "completed", "failed", "cancelling", "cancelled")
 ITEM_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
 NULLABLE_JSON = JSONB(none_as_null=True)  # Python None -> SQL NULL, not JSON null
@@ -55,6 +58,8 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, default=5)
     params: Mapped[dict] = mapped_column(JSONB, default=dict)  # job-level decode params (items may override)
     metadata_: Mapped[dict] = mapped_column("metadata", JSONB, default=dict)
+    # The kind's own job fields (jobs/kinds.py), e.g. a review job's {labels, policy}; {} when none are set.
+    options: Mapped[dict] = mapped_column(JSONB, default=dict, server_default="{}")
     idempotency_key: Mapped[str | None] = mapped_column(String(255))  # unique per key (see __table_args__)
     request_hash: Mapped[str | None] = mapped_column(String(64))
 
@@ -186,7 +191,8 @@ FILE_PURPOSES = ("batch", "batch_output")
 
 
 class File(Base):
-    """An uploaded batch input file, or a batch's output or error file (OpenAI's /v1/files), kept in Postgres."""
+    """An uploaded batch input file, or a batch's output or error file (OpenAI's /v1/files). The row is in Postgres;
+    the bytes are in it or in FILES_DIR (jobs/files.py)."""
     __tablename__ = "files"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "file-<hex>"
@@ -194,13 +200,15 @@ class File(Base):
     purpose: Mapped[str] = mapped_column(String(32))
     filename: Mapped[str] = mapped_column(String(256))
     bytes: Mapped[int] = mapped_column(BigInteger)
-    content: Mapped[bytes] = mapped_column(LargeBinary)
+    # NULL: the bytes are in FILES_DIR (jobs/files.py). builtins.bytes: the `bytes` column above shadows the name.
+    content: Mapped[builtins.bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # gone after this (retention)
 
     __table_args__ = (
         CheckConstraint(_in("purpose", FILE_PURPOSES), name="purpose"),
         Index(None, "api_key_id", "created_at", "id"),
+        Index(None, "expires_at"),  # the retention sweep
     )
 
 
@@ -229,4 +237,5 @@ class Batch(Base):
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
 
-    __table_args__ = (Index(None, "api_key_id", "created_at", "id"),)
+    __table_args__ = (Index(None, "api_key_id", "created_at", "id"),
+                      Index(None, "input_file_id"))  # the retention sweep: is an expired file still read?

@@ -6,7 +6,7 @@ Every body carries one extension field, `eagle3`: the item's speculative-decodin
 """
 from __future__ import annotations
 
-from .openai_spec import CHAT
+from .openai_spec import CHAT, COMPLETIONS, ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
 
 def eagle3_stats(stats: dict | None, baseline: dict | None = None) -> dict | None:
@@ -35,39 +35,92 @@ def usage(stats: dict | None, output: dict) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+class Endpoint:
+    """One OpenAI route: its request body, and how its answers look (the object, its choice, its stream chunks).
+    The sync route and the batch lines for it both use it, so a batch answer is what the sync route returns.
+    Another route: one subclass in ENDPOINTS."""
+    path: str
+    request: type[OpenAIRequest]
+    id_prefix: str  # of response ids: "chatcmpl-...", "cmpl-..."
+    object: str
+    chunk_object: str
+
+    def choice(self, text: str, finish: str) -> dict:
+        raise NotImplementedError
+
+    def chunk_choice(self, text: str | None, finish: str | None = None) -> dict:
+        """A stream chunk's choice: `text` appended to the answer (None: nothing), `finish` on the last one."""
+        raise NotImplementedError
+
+    def opening(self) -> list[dict]:
+        """The chunk choices sent before any text."""
+        return []
+
+    def text(self, body: dict) -> str:
+        """The answer's text in a response body."""
+        raise NotImplementedError
+
+
+class Chat(Endpoint):
+    path, id_prefix, object, chunk_object = CHAT, "chatcmpl", "chat.completion", "chat.completion.chunk"
+    request = ChatCompletionRequest
+
+    def choice(self, text, finish):
+        return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None}, "logprobs": None,
+                "finish_reason": finish}
+
+    def chunk_choice(self, text, finish=None):
+        return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+                "finish_reason": finish}
+
+    def opening(self):
+        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+
+    def text(self, body):
+        return body["choices"][0]["message"]["content"]
+
+
+class Completion(Endpoint):
+    # OpenAI streams legacy completions as text_completion objects too.
+    path, id_prefix, object, chunk_object = COMPLETIONS, "cmpl", "text_completion", "text_completion"
+    request = CompletionRequest
+
+    def choice(self, text, finish):
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+    def chunk_choice(self, text, finish=None):
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def text(self, body):
+        return body["choices"][0]["text"]
+
+
+ENDPOINTS: dict[str, Endpoint] = {e.path: e for e in (Chat(), Completion())}
+
+
 def response_body(endpoint: str, request_id: str, created: int, model: str, output: dict, stats: dict | None,
                   baseline: dict | None = None) -> dict:
     """A chat.completion or text_completion object for one finished item."""
-    finish = (stats or {}).get("finish_reason", "length")
-    if endpoint == CHAT:
-        choice = {"index": 0, "message": {"role": "assistant", "content": output["text"], "refusal": None},
-                  "logprobs": None, "finish_reason": finish}
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": output["text"], "logprobs": None, "finish_reason": finish}
-        kind = "text_completion"
-    return {"id": request_id, "object": kind, "created": created, "model": model, "choices": [choice],
+    kind = ENDPOINTS[endpoint]
+    choice = kind.choice(output["text"], (stats or {}).get("finish_reason", "length"))
+    return {"id": request_id, "object": kind.object, "created": created, "model": model, "choices": [choice],
             "usage": usage(stats, output), "eagle3": eagle3_stats(stats, baseline)}
 
 
-def stream_chunks(endpoint: str, body: dict, include_usage: bool):
-    """The finished answer as server-sent-event chunks: role, content, finish reason, [usage], then [DONE]. The
-    item is decoded as one piece by the worker, so the chunks arrive together once it is done."""
-    choice = body["choices"][0]
-    base = {"id": body["id"], "created": body["created"], "model": body["model"]}
-    if endpoint == CHAT:
-        base["object"] = "chat.completion.chunk"
-        deltas = [{"role": "assistant", "content": ""}, {"content": choice["message"]["content"]}, {}]
-        choices = [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
-    else:
-        base["object"] = "text_completion"
-        choices = [{"index": 0, "text": t, "logprobs": None, "finish_reason": None} for t in (choice["text"], "")]
-    choices[-1]["finish_reason"] = choice["finish_reason"]
-    chunks = [{**base, "choices": [c]} for c in choices]
-    chunks[-1]["eagle3"] = body["eagle3"]
-    if include_usage:
-        chunks.append({**base, "choices": [], "usage": body["usage"]})
-    return chunks
+def chunk(endpoint: str, head: dict, choice: dict) -> dict:
+    """One stream chunk; `head`: the response's {id, created, model}."""
+    return {"id": head["id"], "object": ENDPOINTS[endpoint].chunk_object, "created": head["created"],
+            "model": head["model"], "choices": [choice]}
+
+
+def closing_chunks(endpoint: str, body: dict, include_usage: bool) -> list[dict]:
+    """The chunks after the text: the finish reason (with the `eagle3` stats), then the usage if asked for."""
+    kind = ENDPOINTS[endpoint]
+    last = {**chunk(endpoint, body, kind.chunk_choice(None, body["choices"][0]["finish_reason"])),
+            "eagle3": body["eagle3"]}
+    if not include_usage:
+        return [last]
+    return [last, {**chunk(endpoint, body, kind.chunk_choice(None)), "choices": [], "usage": body["usage"]}]
 
 
 def model_id(target: str) -> str:

@@ -68,9 +68,6 @@ class CompletionRequest(OpenAIRequest):
         return ItemIn(custom_id=custom_id, prompt=self.prompt, **self.decode_fields())
 
 
-REQUESTS = {CHAT: ChatCompletionRequest, COMPLETIONS: CompletionRequest}
-
-
 class BatchLine(Strict):
     """One line of a batch input file (OpenAI's and vLLM run-batch's format)."""
     custom_id: Text = Field(min_length=1, max_length=256)

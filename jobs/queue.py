@@ -25,6 +25,7 @@ REQUEUE_TASK = "worker.requeue_unsent"
 DISPATCH_TASK = "worker.dispatch_schedules"
 RECONCILE_TASK = "worker.reconcile"
 ADAPT_TASK = "worker.adapt_head"
+SWEEP_FILES_TASK = "worker.sweep_files"
 MAX_PRIORITY = 9  # API priority 0..9, 9 most urgent
 
 
@@ -39,7 +40,8 @@ def make_celery(settings: Settings) -> Celery:
                      DISPATCH_TASK: {"queue": settings.queue + ".maint"},
                      RECONCILE_TASK: {"queue": settings.queue + ".maint"},
                      # Its own queue: a fine-tune takes minutes and must not hold up .maint's every-minute tasks.
-                     ADAPT_TASK: {"queue": settings.queue + ".adapt"}},
+                     ADAPT_TASK: {"queue": settings.queue + ".adapt"},
+                     SWEEP_FILES_TASK: {"queue": settings.queue + ".maint"}},
         # Redeliver the messages of a batch whose worker died; writes are idempotent (see worker/processing.py).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -71,6 +73,9 @@ def make_celery(settings: Settings) -> Celery:
     app.conf.beat_schedule["reconcile"] = {"task": RECONCILE_TASK, "schedule": settings.reconcile_interval_s}
     if settings.adapt_schedule:  # workload adaptation of the draft head (eagle3/adapt.py), off by default
         app.conf.beat_schedule["adapt-head"] = {"task": ADAPT_TASK, "schedule": adapt_crontab(settings.adapt_schedule)}
+    # Delete /v1/files past their retention (jobs/files.py).
+    app.conf.beat_schedule["sweep-files"] = {"task": SWEEP_FILES_TASK, "schedule": settings.files_sweep_interval_s,
+                                             "options": {"expires": settings.files_sweep_interval_s}}
     return app
 
 

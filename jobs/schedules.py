@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from . import submission
+from . import kinds, submission
 from .config import Settings
 from .models import ApiKey, Schedule, ScheduleRun
 from .queue import BROKER_ERRORS, enqueue_unsent
@@ -69,6 +69,9 @@ def check(schedule: ScheduleCreate, settings: Settings) -> None:
         limit = settings.max_new_tokens_limit
         if (schedule.job.params.max_new_tokens or 0) > limit:
             errors.append(_error("job.params.max_new_tokens", f"at most {limit} on this server", "less_than_equal"))
+    # The kind's own job fields are part of the template: checked here for file sources too.
+    errors += [_error(f"job.{field}", f"not taken by a {schedule.job.type} job")
+               for field in kinds.get(schedule.job.type).refused_fields(schedule.job)]
     if errors:
         raise Invalid(errors)
     if schedule.source.kind == "inline":

@@ -156,12 +156,42 @@ class ItemIn(DecodeOverrides):
         return None if self.messages is None else [m.turn() for m in self.messages]
 
 
+MAX_LABELS, MAX_LABEL_CHARS, MAX_POLICY_CHARS = 32, 64, 4000
+
+
+def check_label(value: str) -> str:
+    """A label is one line of the prompt's category list and is scored as the start of the model's reply: no
+    surrounding blanks, no line breaks."""
+    if value != value.strip() or "\n" in value or "\r" in value:
+        raise ValueError("no leading or trailing whitespace and no line breaks")
+    return value
+
+
+def unique_labels(value: list[str] | None) -> list[str] | None:
+    """Labels differing only in case would be one category to the model."""
+    if value is not None:
+        folded = [label.casefold() for label in value]
+        if len(set(folded)) != len(folded):
+            raise ValueError("labels must be unique (case-insensitively)")
+    return value
+
+
+Label = Annotated[Text, Field(min_length=1, max_length=MAX_LABEL_CHARS), AfterValidator(check_label)]
+Labels = Annotated[list[Label], Field(min_length=2, max_length=MAX_LABELS), AfterValidator(unique_labels)]
+Policy = Annotated[Text, Field(min_length=1, max_length=MAX_POLICY_CHARS)]
+LABELS_DOC = (f"review only: the job's label set (2 to {MAX_LABELS} unique strings of at most {MAX_LABEL_CHARS} "
+              "characters). Default: the built-in taxonomy.")
+POLICY_DOC = f"review only: the policy the texts are judged by (at most {MAX_POLICY_CHARS} characters)."
+
+
 class JobOptions(Body):
     """The job fields without the items: a JSONL upload's `job` part, a schedule's job template."""
     type: JobType = "generation"
     params: JobParams = Field(default_factory=JobParams)
     priority: int = Field(5, ge=0, le=9, description="9 is served first.")
     metadata: Metadata = Field(default_factory=dict, description="Up to 16 keys (64 chars), values 512 chars.")
+    labels: Labels | None = Field(None, description=LABELS_DOC)
+    policy: Policy | None = Field(None, description=POLICY_DOC)
 
 
 class JobCreate(Body):
@@ -171,6 +201,8 @@ class JobCreate(Body):
     params: JobParams = Field(default_factory=JobParams)
     priority: int = Field(5, ge=0, le=9, description="9 is served first.")
     metadata: Metadata = Field(default_factory=dict, description="Up to 16 keys (64 chars), values 512 chars.")
+    labels: Labels | None = Field(None, description=LABELS_DOC)
+    policy: Policy | None = Field(None, description=POLICY_DOC)
 
 
 # ------------------------------------------------------------------------------------------------ schedules

@@ -13,7 +13,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from . import limits
+from . import kinds, limits
 from .config import Settings
 from .models import ApiKey, Item, Job
 from .queue import BROKER_ERRORS, enqueue_unsent
@@ -69,7 +69,11 @@ def prepare(job: JobCreate, settings: Settings, single: bool = False) -> list[tu
     Returns each item's (custom_id, effective params); custom_id defaults to the position.
     `single`: name fields as POST /generate's body does. Raises Invalid."""
     params = job_params(job)
-    errors, seen, prepared = [], {}, []
+    kind = kinds.get(job.type)
+    options = kind.options(job)
+    errors = [{"field": field, "type": "value_error", "message": f"not taken by a {job.type} job"}
+              for field in kind.refused_fields(job)]
+    seen, prepared = {}, []
     for i, item in enumerate(job.items):
         custom_id = item.custom_id if item.custom_id is not None else str(i)
         if custom_id in seen:
@@ -83,11 +87,10 @@ def prepare(job: JobCreate, settings: Settings, single: bool = False) -> list[tu
             errors.append({"field": ("" if single else where) + "max_new_tokens",
                            "type": "less_than_equal",
                            "message": f"at most {settings.max_new_tokens_limit} on this server"})
-        elif job.type == "review" and item.messages is not None:
-            errors.append({"field": f"items[{i}].messages", "type": "value_error",
-                           "message": "a review item takes the text to judge as `prompt`"})
+        elif refused := kind.check_item(item.prompt, item.turns()):
+            errors.append({"field": f"items[{i}].{refused[0]}", "type": "value_error", "message": refused[1]})
         elif message := limits.too_long(settings.target, job.type, item.prompt, effective["max_new_tokens"],
-                                        item.turns()):
+                                        item.turns(), options):
             name = "prompt" if item.messages is None else "messages"
             errors.append({"field": name if single else f"items[{i}].{name}", "type": "too_long",
                            "message": message})
@@ -105,7 +108,9 @@ def baseline_sample(total: int, size: int) -> set[int]:
 
 
 def request_hash(job_in: JobCreate) -> str:
-    return hashlib.sha256(job_in.model_dump_json().encode()).hexdigest()
+    # Unset kind fields are left out, so a job submitted before they existed hashes as it did then.
+    unset = {field for field in kinds.KIND_FIELDS if getattr(job_in, field) is None}
+    return hashlib.sha256(job_in.model_dump_json(exclude=unset).encode()).hexdigest()
 
 
 def create(session: Session, job_in: JobCreate, prepared: list[tuple[str, dict]], settings: Settings, *,
@@ -113,6 +118,7 @@ def create(session: Session, job_in: JobCreate, prepared: list[tuple[str, dict]]
     """Insert the job and its items (not yet sent: enqueued_at NULL). The caller commits, then enqueues."""
     params = job_params(job_in)
     job = Job(type=job_in.type, priority=job_in.priority, params=params, metadata_=job_in.metadata,
+              options=kinds.get(job_in.type).options(job_in),
               idempotency_key=idempotency_key, request_hash=request_hash(job_in), total_items=len(job_in.items),
               api_key_id=api_key_id, schedule_id=schedule_id)
     session.add(job)

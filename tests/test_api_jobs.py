@@ -2,6 +2,7 @@
 import io
 import json
 import math
+import uuid
 
 import pytest
 from conftest import RUN_ID, all_results, client_for, prompts, submit, wait_for
@@ -9,7 +10,7 @@ from conftest import RUN_ID, all_results, client_for, prompts, submit, wait_for
 from api import create_app
 from jobs import review
 from jobs.db import session_factory
-from jobs.models import Item
+from jobs.models import Item, Job
 
 PARAMS = {"max_new_tokens": 8}
 
@@ -92,6 +93,36 @@ def test_review_job(client, worker, decoder):
         assert verdict["score"] == pytest.approx(probs[verdict["label"]]) == max(verdict["label_scores"].values())
         want = decoder.generate([review.rationale_prompt(text, verdict["label"])], max_new_tokens=8)[0]
         assert verdict["rationale"] == want.text
+
+
+def test_review_job_with_its_own_labels_and_policy(client, worker, decoder):
+    """The job's label set and policy reach the prompt and the scoring, are stored, and come back."""
+    options = {"labels": ["allowed", "forbidden", "unsure"], "policy": "Mentions of fruit are forbidden."}
+    texts = ["I ate an apple.", "The sky is blue."]
+    created = submit(client, {"type": "review", **options, "params": PARAMS,
+                              "items": [{"prompt": t} for t in texts]})
+    assert created["labels"] == options["labels"] and created["policy"] == options["policy"]
+    job = wait_for(client, created["id"])
+    assert job["status"] == "completed" and job["labels"] == options["labels"]
+    for result, text in zip(all_results(client, created["id"]), texts):
+        verdict = result["output"]
+        assert set(verdict["label_scores"]) == set(options["labels"]) and verdict["label"] in options["labels"]
+        logprobs = decoder.score_options(review.classification_prompt(text, options), options["labels"])
+        weights = [math.exp(lp - max(logprobs)) for lp in logprobs]
+        probs = dict(zip(options["labels"], (w / sum(weights) for w in weights)))
+        assert verdict["label"] == max(probs, key=probs.get)
+        assert verdict["label_scores"] == pytest.approx(probs)
+        want = decoder.generate([review.rationale_prompt(text, verdict["label"], options)], max_new_tokens=8)[0]
+        assert verdict["rationale"] == want.text
+    generation = submit(client, {"items": prompts(1), "params": PARAMS})
+    assert generation["labels"] is None and generation["policy"] is None
+
+
+def test_review_job_without_labels_shows_the_builtin_taxonomy(client, database):
+    created = submit(client, {"type": "review", "items": [{"prompt": "hello"}], "params": PARAMS})
+    assert created["labels"] == list(review.LABELS) and created["policy"] is None
+    with session_factory(database)() as session:
+        assert session.get(Job, uuid.UUID(created["id"])).options == {}
 
 
 def test_measure_baseline_stores_a_measured_speedup(client, worker):

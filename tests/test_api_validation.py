@@ -77,6 +77,21 @@ INVALID_JOBS = [
     (job(metadata={f"k{i}": "v" for i in range(17)}), "metadata", "at most 16 keys"),
     (job(metadata={"k": "v" * 513}), "metadata", "values 512"),
     (job(metadata={"k": 1}), "metadata.k", "valid string"),
+    # a review job's own label set and policy
+    (job(type="review", labels=["spam"]), "labels", "at least 2"),
+    (job(type="review", labels=[f"l{i}" for i in range(33)]), "labels", "at most 32"),
+    (job(type="review", labels=["spam", ""]), "labels[1]", "at least 1"),
+    (job(type="review", labels=["spam", "x" * 65]), "labels[1]", "at most 64"),
+    (job(type="review", labels=["spam", "Spam"]), "labels", "unique"),
+    (job(type="review", labels=["spam", " ok"]), "labels[1]", "whitespace"),
+    (job(type="review", labels=["spam", "o\nk"]), "labels[1]", "line breaks"),
+    (job(type="review", labels=["spam", 3]), "labels[1]", "valid string"),
+    (job(type="review", labels="spam,ok"), "labels", "valid list"),
+    (job(type="review", policy=""), "policy", "at least 1"),
+    (job(type="review", policy="p" * 4001), "policy", "at most 4000"),
+    (job(labels=["spam", "ok"]), "labels", "not taken by a generation job"),
+    (job(policy="No spam."), "policy", "not taken by a generation job"),
+    ({"type": "review", "policy": "p" * 600, "items": [{"prompt": "x" * 300}]}, "items[0].prompt", "exceeds"),
 ]
 
 

@@ -172,3 +172,22 @@ def test_real_default_target_greedy_identical(dtype):
     spec = dec.generate(prompts, max_new_tokens=24, batch_size=4)
     assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
     assert "Paris" in vanilla[0].text
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_on_tokens_streams_each_prompts_output_in_order(target, speculative):
+    """The streaming hook: per prompt (in the caller's order, whatever the batch order), the callback's tokens
+    concatenate to the returned token_ids, arrive in several calls, and the output is unchanged by the hook."""
+    dec = decoder_for(target, parallel_degree=2, depth=3, total_tokens=6)
+    prompts = random_prompts(7, target.config.vocab_size, seed=3)
+    plain = dec.generate_ids(prompts, max_new_tokens=16, batch_size=3, speculative=speculative)
+    streamed, calls = [[] for _ in prompts], [0] * len(prompts)
+
+    def on_tokens(i, tokens):
+        assert tokens, "never an empty increment"
+        streamed[i] += tokens
+        calls[i] += 1
+
+    hooked = dec.generate_ids(prompts, max_new_tokens=16, batch_size=3, speculative=speculative, on_tokens=on_tokens)
+    assert [r.token_ids for r in hooked] == [r.token_ids for r in plain] == streamed
+    assert all(n > 1 for n, r in zip(calls, plain) if len(r.token_ids) > 4)

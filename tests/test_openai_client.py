@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import openai
 import pytest
-from conftest import make_key, serving
+from conftest import RUN_ID, make_key, serving
 from sqlalchemy import func, update
 
 from jobs.models import Batch, File
@@ -53,8 +53,9 @@ def test_chat_plain_and_streamed_give_the_same_text(oai, worker):
     stream = chat(oai, messages, max_tokens=10, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     assert all(c.object == "chat.completion.chunk" for c in chunks)
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert streamed == text
+    contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(contents) > 1, chunks  # the text arrives as it is decoded, not in one piece at the end
+    assert "".join(contents) == text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == plain.choices[0].finish_reason
     assert chunks[-1].usage.total_tokens == plain.usage.total_tokens
 
@@ -66,6 +67,36 @@ def test_completions_and_stop(oai, worker):
     cut = oai.completions.create(model=MODEL, prompt="Count to five.", max_tokens=12, temperature=0, stop=[text[2:4]])
     assert cut.choices[0].text == text[:text.index(text[2:4])] and cut.choices[0].finish_reason == "stop"
     assert cut.usage.completion_tokens < full.usage.completion_tokens
+
+
+def test_streamed_completion_equals_the_plain_one_with_and_without_stop(oai, worker):
+    """Token by token: several text chunks whose concatenation is the non-streamed answer at temperature 0, also
+    when a stop string cuts it (the stream never sends text past the stop)."""
+    prompt = "Count to five."
+    full = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0).choices[0].text
+    stop = full[6:8]
+    for kwargs in ({}, {"stop": [stop]}):
+        plain = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, **kwargs)
+        chunks = list(oai.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stream=True,
+                                             **kwargs))
+        texts = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+        assert len(texts) > 1, chunks
+        assert "".join(texts) == plain.choices[0].text
+        assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    assert plain.choices[0].text == full[:full.index(stop)] and plain.choices[0].finish_reason == "stop"
+
+
+def test_a_stream_without_a_result_in_time_ends_with_an_error_the_client_raises(api_key):
+    """After the 200 is sent, a timeout can only be an `error` event: the client raises it, no [DONE] is faked."""
+    from api import create_app
+
+    app = create_app({"queue": f"nobody-{RUN_ID}", "generate_timeout_s": 1.0})  # no worker consumes this queue
+    with serving(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=30)
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                stream=True)
+        with pytest.raises(openai.APIError, match="no result within 1 s"):
+            list(stream)
 
 
 def test_client_exception_classes(oai, base_url):

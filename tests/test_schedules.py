@@ -101,6 +101,8 @@ def test_a_schedule_needs_only_a_name_and_items_and_defaults_to_nightly_at_two(a
      "source.items[0].max_new_tokens"),
     ({"job": {"params": {"temperature": -1}}}, "job.params.temperature"),
     ({"name": ""}, "name"), ({"surprise": 1}, "surprise"),
+    ({"job": {"labels": ["spam", "ok"]}}, "job.labels"),  # a generation job takes no labels
+    ({"job": {"type": "review", "labels": ["spam"]}}, "job.labels"),
 ])
 def test_invalid_schedules_are_422(api, change, field):
     response = api.post("/v1/schedules", json={**NIGHTLY, **change})
@@ -164,6 +166,18 @@ def test_file_sources_need_the_input_dir(database):
     assert response.status_code == 422 and "disabled" in response.get_json()["detail"]
     assert api.post("/v1/schedules", data="{", content_type="application/json").status_code == 400
     assert api.get("/v1/schedules/not-a-uuid").status_code == 404
+
+
+def test_a_review_schedule_runs_jobs_with_its_labels_and_policy(api, app, Session):
+    review = {"type": "review", "labels": ["ok", "off-topic"], "policy": "Cooking only."}
+    created = create(api, {**NIGHTLY, "job": review})
+    assert created["job"]["labels"] == review["labels"] and created["job"]["policy"] == review["policy"]
+    due = schedules.next_due("0 2 * * *", "Europe/Berlin", _utcnow())
+    [done] = mine(run(app, due + timedelta(seconds=20)), created["id"])
+    assert done.error is None
+    job = api.get(f"/v1/jobs/{done.job_id}").get_json()
+    assert job["type"] == "review" and job["labels"] == review["labels"] and job["policy"] == review["policy"]
+    api.delete(f"/v1/schedules/{created['id']}")
 
 
 def test_dispatcher_runs_each_due_time_once_and_catches_up_only_the_latest(api, app, Session):

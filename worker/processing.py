@@ -8,35 +8,34 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import defaultdict
 
 from sqlalchemy import exc as sa_exc
 
-from jobs import lifecycle, review, tokenizer
+from jobs import kinds, lifecycle
 from jobs.lifecycle import Claimed, Outcome
 
 from . import metrics
 
 log = logging.getLogger(__name__)
-LABELS = list(review.LABELS)
 # What SQLAlchemy raises when Postgres cannot be reached or the connection dropped (as opposed to a bad statement).
 DB_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError)
 
 
 def process(Session, engine, item_ids: list[int], max_attempts: int, db_retry_s: float = 0.0,
-            owner: str | None = None, lease_s: float = 60.0) -> int:
+            owner: str | None = None, lease_s: float = 60.0, publisher=None) -> int:
     """Returns the number of results written. Raises when Postgres is unreachable at the claim, or still
     unreachable `db_retry_s` after the batch was decoded (the caller hands the items back to the queue).
-    `owner`: the worker's lease owner (worker/lease.py); its results are written only for items it still holds."""
+    `owner`: the worker's lease owner (worker/lease.py); its results are written only for items it still holds.
+    `publisher(item, decode)`: a jobs.streaming.Publisher for an item whose tokens are streamed (None: no streaming)."""
     with Session.begin() as session:
         claimed, gave_up = lifecycle.claim(session, sorted(set(item_ids)), max_attempts, owner, lease_s)
         written = lifecycle.record(session, gave_up)
     if claimed:
         job_ids = sorted({str(c.job_id) for c in claimed})
         engine.refresh_head()  # a head installed since the last batch is used from this batch on
-        outcomes = decode(engine, claimed)
+        outcomes = decode(engine, claimed, publisher)
         written += write_results(Session, outcomes, db_retry_s, owner)
         type_of = {c.id: c.job_type for c in claimed}
         for outcome in outcomes:
@@ -81,18 +80,18 @@ def write_results(Session, outcomes: list[Outcome], retry_s: float, owner: str |
             return write_results(Session, [Outcome(outcomes[0].item_id, error=message)], 0.0, owner)
 
 
-def decode(engine, items: list[Claimed]) -> list[Outcome]:
+def decode(engine, items: list[Claimed], publisher=None) -> list[Outcome]:
     """Items with the same job type, decode params and baseline-sample flag are decoded in one generate() call.
     A group that raises is retried one item at a time, so one bad item fails alone."""
     groups: dict[tuple, list[Claimed]] = defaultdict(list)
     for item in items:
-        # Stop strings are applied per item after decoding, so they do not split a batch.
-        decode_params = {k: v for k, v in item.params.items() if k != "stop"}
+        # Stop strings are applied per item after decoding, and streaming is per item: neither splits a batch.
+        decode_params = {k: v for k, v in item.params.items() if k not in ("stop", "stream")}
         groups[(item.job_type, item.baseline_sample, json.dumps(decode_params, sort_keys=True))].append(item)
     outcomes = []
     for group in groups.values():
         try:
-            outcomes += decode_group(engine, group)
+            outcomes += decode_group(engine, group, publisher)
         except Exception as exc:  # noqa: BLE001 - isolate, then record the failure on the item
             metrics.FAILURES.labels("item" if len(group) == 1 else "group").inc()
             if len(group) == 1:
@@ -100,43 +99,43 @@ def decode(engine, items: list[Claimed]) -> list[Outcome]:
                 outcomes.append(Outcome(group[0].id, error=f"{exc.__class__.__name__}: {exc}"))
             else:
                 log.warning("a batch of %d failed (%r); decoding its items one by one", len(group), exc)
-                outcomes += [o for item in group for o in decode(engine, [item])]
+                outcomes += [o for item in group for o in decode(engine, [item], publisher)]
     return outcomes
 
 
-def decode_group(engine, group: list[Claimed]) -> list[Outcome]:
-    params = group[0].params
+def decode_group(engine, group: list[Claimed], publisher=None) -> list[Outcome]:
+    """One generate() call for the group; the job's kind builds each item's input and reads its result."""
+    params, kind = group[0].params, kinds.get(group[0].job_type)
     decoder = engine.decoder(params["parallel_degree"], params["validation_threshold"])
-    if group[0].job_type == "review":
-        verdicts = [label_of(decoder, item.prompt) for item in group]
-        prompts = [review.rationale_prompt(item.prompt, verdict["label"]) for item, verdict in zip(group, verdicts)]
-    else:
-        verdicts, prompts = None, [item.prompt for item in group]
-    ids = [engine.chat.encode_messages(tokenizer.turns(prompt, item.messages)) for prompt, item in zip(prompts, group)]
-    spec = generate(engine, decoder, ids, params, speculative=True)
+    given = [kind.model_input(item, item.options or {}, decoder.score_options) for item in group]
+    ids = [engine.chat.encode_messages(g.turns) for g in given]
+    spec = generate(engine, decoder, ids, params, speculative=True, on_tokens=stream_to(engine, group, publisher))
     base = generate(engine, decoder, ids, params, speculative=False) if group[0].baseline_sample else None
     observe(spec, base)
     outcomes = []
     for i, item in enumerate(group):
         result, stats = spec[i]
-        if verdicts is None:
-            text, token_ids = cut_at_stop(engine.target.decode, result.text, result.token_ids,
-                                          item.params.get("stop"))
-            if len(token_ids) < len(result.token_ids) or text != result.text:
-                stats = {**stats, "finish_reason": "stop"}
-            output = {"text": storable(text), "token_ids": token_ids}
-        else:
-            output = {**verdicts[i], "rationale": storable(result.text)}
+        output, stats = kind.result(item, given[i], result.text, result.token_ids, stats, engine.target.decode)
         outcomes.append(Outcome(item.id, output=output, stats=stats, baseline_stats=base[i][1] if base else None))
     return outcomes
 
 
-def generate(engine, decoder, ids: list[list[int]], params: dict, speculative: bool):
+def stream_to(engine, group: list[Claimed], publisher):
+    """generate()'s on_tokens for the group's items that stream (their params say `stream`); None if none does, so
+    the decoder runs without a callback."""
+    publishers = {i: publisher(item, engine.target.decode) for i, item in enumerate(group)
+                  if publisher is not None and item.params.get("stream")}
+    if not publishers:
+        return None
+    return lambda i, tokens: publishers[i].add(tokens) if i in publishers else None
+
+
+def generate(engine, decoder, ids: list[list[int]], params: dict, speculative: bool, on_tokens=None):
     """decoder.generate_ids over the prompts' token ids; each item's stats get its share of the call's wall time (by
     new tokens), which is what job throughput is computed from, and its prompt length (usage)."""
     results = decoder.generate_ids(ids, max_new_tokens=params["max_new_tokens"], temperature=params["temperature"],
                                    top_p=params["top_p"], top_k=params["top_k"], batch_size=engine.batch_size,
-                                   speculative=speculative, seed=params.get("seed"))
+                                   speculative=speculative, seed=params.get("seed"), on_tokens=on_tokens)
     wall = decoder.last_stats["wall_time_s"]
     total = sum(len(r.token_ids) for r in results)
     out = []
@@ -171,31 +170,3 @@ def observe(spec, base) -> None:
         return
     metrics.SPEEDUP.labels(kind).observe(speedup)
     metrics.LAST_SPEEDUP.labels(kind).set(speedup)
-
-
-def label_of(decoder, text: str) -> dict:
-    """The verdict from the target's probabilities of each label as the start of its reply (no text parsing)."""
-    logprobs = decoder.score_options(review.classification_prompt(text), LABELS)
-    top = max(logprobs)
-    weights = [math.exp(lp - top) for lp in logprobs]
-    probs = [w / sum(weights) for w in weights]
-    best = max(range(len(LABELS)), key=probs.__getitem__)
-    return {"label": LABELS[best], "score": probs[best], "label_scores": dict(zip(LABELS, probs))}
-
-
-def cut_at_stop(decode, text: str, token_ids: list[int], stops: list[str] | None) -> tuple[str, list[int]]:
-    """The text before the first stop string that appears, and the fewest tokens whose text reaches past that stop.
-    Unchanged when no stop string appears. (The decoder does not know the stop strings, so it decodes on to
-    max_new_tokens or its end-of-turn token; only the answer is cut.)"""
-    hits = [(text.find(stop), stop) for stop in stops or () if stop in text]
-    if not hits:
-        return text, token_ids
-    at, stop = min(hits)
-    through = text[:at + len(stop)]
-    n = next((n for n in range(1, len(token_ids) + 1) if decode(token_ids[:n]).startswith(through)), len(token_ids))
-    return text[:at], token_ids[:n]
-
-
-def storable(text: str) -> str:
-    """Postgres text and JSONB cannot hold NUL; a model may still emit it (U+FFFD instead; token_ids keep the truth)."""
-    return text.replace("\x00", "\ufffd")

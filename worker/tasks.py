@@ -6,6 +6,7 @@ import itertools
 import logging
 import time
 
+import redis
 from celery import bootsteps, signals
 from celery_batches import Batches, SimpleRequest
 from celery_batches.trace import apply_batches_task
@@ -13,10 +14,10 @@ from celery_batches.trace import apply_batches_task
 from jobs.config import get_settings
 from jobs.db import get_engine as get_db_engine
 from jobs.db import session_factory
-from jobs import schedules
+from jobs import files, schedules, streaming
 from jobs.adaptation import greedy_items
 from jobs.queue import (ADAPT_TASK, BROKER_ERRORS, DECODE_TASK, DISPATCH_TASK, RECONCILE_TASK, REQUEUE_TASK,
-                        celery_app, enqueue_unsent)
+                        SWEEP_FILES_TASK, celery_app, enqueue_unsent)
 from jobs.reconcile import reconcile as reconcile_items
 from jobs.reconcile import running_cutoff_s
 
@@ -32,6 +33,16 @@ Session = session_factory(settings.database_url)
 # counted per item in the message's `resends` kwarg, so an outage costs a few log lines a minute, not a busy loop.
 RESEND_DELAY_S, RESEND_MAX_DELAY_S = 5.0, 300.0
 heartbeat: lease.Heartbeat | None = None  # started when the worker is ready
+_stream_client = None  # Redis client of the token streams, made on first use (after a prefork child's fork)
+
+
+def publisher(item, decode) -> streaming.Publisher:
+    """Token streaming of one item (jobs/streaming.py)."""
+    global _stream_client
+    if _stream_client is None:
+        _stream_client = redis.Redis.from_url(settings.redis_url, socket_timeout=2.0)
+    return streaming.Publisher(_stream_client, streaming.key(settings.queue, item.id), decode,
+                               item.params.get("stop"))
 
 
 @signals.setup_logging.connect  # JSON logs (jobs/logs.py) instead of Celery's own format
@@ -139,7 +150,8 @@ def decode_items(requests):
     item_ids = [request.args[0] for request in requests]
     try:
         written = processing.process(Session, get_engine(), item_ids, settings.max_attempts,
-                                     db_retry_s=settings.db_retry_s, owner=lease.OWNER, lease_s=settings.lease_s)
+                                     db_retry_s=settings.db_retry_s, owner=lease.OWNER, lease_s=settings.lease_s,
+                                     publisher=publisher)
     except Exception:
         # celery-batches acks the messages even when this raises; put the items back on the queue (claiming caps
         # the attempts) and re-raise so the failure is logged.
@@ -239,3 +251,14 @@ def adapt_head(last: int | None = None, job_ids: list[str] | None = None, steps:
              report.tau_candidate, f"installed version {report.version}" if report.installed else "refused")
     engine.refresh_head()  # this worker decodes on it from its next batch too
     return asdict(report)
+
+
+@celery_app.task(name=SWEEP_FILES_TASK, acks_late=False)
+def sweep_files():
+    """Beat, every FILES_SWEEP_INTERVAL_S: delete the files past their retention that no running batch reads, and
+    FILES_DIR's leftovers of failed uploads (jobs/files.py)."""
+    with Session() as session:
+        deleted = files.sweep(session, settings)
+    if deleted:
+        log.info("deleted %d expired files", deleted)
+    return deleted
