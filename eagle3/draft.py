@@ -3,7 +3,11 @@
 Tensors: fc [hidden, 3*target_hidden]; midlayer.{hidden_norm,input_layernorm,post_attention_layernorm};
 midlayer.self_attn.{q,k,v,o}_proj (q/k/v read 2*hidden: concat(token embedding, hidden)); midlayer.mlp.*; norm;
 lm_head [draft_vocab, hidden]; d2t (draft id -> target id offset) and t2d (target id in draft vocab?). The token
-embedding is the target's, frozen, so the head has none of its own."""
+embedding is the target's, frozen, so the head has none of its own.
+
+EAGLE 3.1 (config flags `fc_norm`, `norm_output`; both absent = off = plain EAGLE-3): `fc_norm.{0,1,2}` RMSNorm each
+of the low/mid/high target features before `fc`, and each step hands on its post-`norm` output instead of the
+pre-norm one (so the next step's input and the logits read the same normalised state)."""
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +33,13 @@ class HeadConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     num_hidden_layers: int = 1
+    # EAGLE 3.1. The names are the ones vLLM (model_executor/models/llama_eagle3.py reads getattr(config, "fc_norm")
+    # and "norm_output"; its speculators config updater defaults both to False) and vllm-project/speculators
+    # (models/eagle3/config.py, convert/eagle/eagle3_converter.py reads them from an EAGLE-layout config.json) use,
+    # with the per-feature norms stored as fc_norm.{0,1,2}.weight. Absent from a config = off: older heads load
+    # unchanged.
+    fc_norm: bool = False
+    norm_output: bool = False
 
     def __post_init__(self):
         self.target_hidden_size = self.target_hidden_size or self.hidden_size
@@ -97,6 +108,8 @@ class Eagle3Head(nn.Module):
         super().__init__()
         self.config = c
         self.fc = Linear(3 * c.target_hidden_size, c.hidden_size)
+        if c.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in range(3))
         self.midlayer = MidLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = Linear(c.hidden_size, c.draft_vocab_size)
@@ -164,11 +177,26 @@ class Eagle3Head(nn.Module):
     def forward(self, emb, hidden, positions, cache, tree_mask, offset=0):
         """One head step over T inputs per row: emb [B, T, h] token embeddings, hidden [B, T, h] (fc of target
         features, or the head's own previous output). K/V go to slots cache.lens + offset + 0..T-1; tree_mask
-        [B, T, offset+T] says which of the block's slots each input sees. Returns the pre-norm output [B, T, h]."""
+        [B, T, offset+T] says which of the block's slots each input sees. Returns the output [B, T, h] the next step
+        reads (`output`: pre-norm, or post-norm under norm_output)."""
         T = emb.shape[1]
         slots = cache.slots(offset, T)
         mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + offset + T)
-        return self.midlayer(emb, hidden, positions, self.rope, cache, slots, mask)
+        return self.output(self.midlayer(emb, hidden, positions, self.rope, cache, slots, mask))
+
+    def project(self, feats):
+        """fc over the concatenated low/mid/high target features [.., 3*target_hidden]; under fc_norm each of the
+        three is RMS-normalised first, so layers of very different scale reach fc alike."""
+        if self.config.fc_norm:  # in the head's dtype, as fc would read them (the target's stream may be wider)
+            feats = feats.to(self.fc.weight.dtype)
+            feats = torch.cat([norm(f) for norm, f in zip(self.fc_norm, feats.chunk(3, -1))], -1)
+        return self.fc(feats)
+
+    def output(self, h):
+        """What a step hands on (to the next step and to `logits`): the layer's output, or under norm_output its
+        post-norm value."""
+        return self.norm(h) if self.config.norm_output else h
 
     def logits(self, out):
-        return self.lm_head(self.norm(out))
+        """Logits over the draft vocabulary from what forward returned (already normalised under norm_output)."""
+        return self.lm_head(out if self.config.norm_output else self.norm(out))

@@ -4,13 +4,18 @@
 
 Step 0 of the unroll reads fc(target features) at every position; step i reads the head's own step i-1 output,
 sees the context's step-0 keys plus its own chain's keys (exactly what a depth-(i+1) tree node sees at inference),
-and predicts one token further ahead. Loss: sum_i 0.8^i * CE(step i) over the draft vocabulary, on response tokens
-whose target argmax is in the draft vocabulary. Resumable from the checkpoint in --out."""
+and predicts one token further ahead. Loss: sum_i 0.8^i * loss(step i) over the draft vocabulary, on response tokens
+whose target argmax is in the draft vocabulary. Resumable from the checkpoint in --out.
+
+Recipe options: --unroll N (steps of the unroll), --loss ce|tv|lk (step_loss), --eagle31 (the EAGLE 3.1 norms,
+draft.py), --val-frac (held-out answers: after each epoch the head's simulated tau on them is logged to
+train_log.json, and --out keeps the best epoch's head)."""
 import argparse
 import json
 import math
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,6 +24,7 @@ from tqdm import tqdm
 
 from .data import generate_dataset, load_dataset
 from .draft import Eagle3Head, HeadConfig
+from .layers import KVCache, attention_mask, cache_dtype
 from .prompts import TRAINING_PROMPTS, training_prompts
 from .target import load_target
 
@@ -33,11 +39,13 @@ def draft_vocab_from_data(seqs, size, vocab_size):
     return counts.topk(size).indices.sort().values, counts
 
 
-def init_head(target, draft_ids, seed=0):
+def init_head(target, draft_ids, seed=0, eagle31=False):
     """A head that starts out as "the target's high-layer features, read by the target's own output layer": fc
     passes the high features through, the layer's residual branches start at zero (o_proj, down_proj), and norm +
-    lm_head are the target's (draft-vocabulary rows). Training then only has to learn the step ahead."""
-    c = HeadConfig.for_target(target.config, draft_vocab_size=len(draft_ids))
+    lm_head are the target's (draft-vocabulary rows). Training then only has to learn the step ahead. eagle31: the
+    EAGLE 3.1 norms (fc_norm + norm_output, draft.py); the readout start holds, as norm(fc_norm(x)) = norm(x)."""
+    c = replace(HeadConfig.for_target(target.config, draft_vocab_size=len(draft_ids)), fc_norm=eagle31,
+                norm_output=eagle31)
     head = Eagle3Head.random(c, seed=seed)
     head.set_vocab(draft_ids)
     h = c.hidden_size
@@ -69,34 +77,33 @@ def _repeat_kv(x, n):
     return x.repeat_interleave(n, dim=1) if n > 1 else x
 
 
-def ttt_loss(head, embed, tokens, feats, labels, steps, decay=0.8):
-    """tokens [B, L], feats [B, L-1, 3h], labels [B, L-1] (-1: no loss). Returns (loss, per-step accuracy list)."""
+def _shift(x, shift, T, fill):
+    """x[:, shift: shift + T], padded with `fill` to T columns: what step shift-1 of the unroll reads or predicts."""
+    x = x[:, shift: shift + T]
+    return F.pad(x, (0, 0) * (x.dim() - 2) + (0, T - x.shape[1]), value=fill)
+
+
+def _unroll(head, embed, tokens, feats, steps):
+    """The training-time-test unroll. tokens [B, L], feats [B, L-1, 3h]; yields (i, out) for i < steps, out [B, L-1, h]
+    the step's output at every anchor t: step i reads token t+i+1 and predicts the label at t+i+1, seeing the
+    context's step-0 keys up to t plus its own chain's keys (what a depth-(i+1) tree node sees at inference)."""
     ml, att = head.midlayer, head.midlayer.self_attn
-    B, T = labels.shape
+    B, T = feats.shape[:2]
     H, Hkv, D = att.hq, att.hkv, att.d
-    dev = feats.device
-    t2d_index = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=dev)
-    t2d_index[head.to_target_ids(torch.arange(head.config.draft_vocab_size, device=dev))] = torch.arange(
-        head.config.draft_vocab_size, device=dev)
-    dtype = head.fc.weight.dtype
-    hidden = head.fc(feats.to(dtype))
+    dev, dtype = feats.device, head.fc.weight.dtype
+    hidden = head.project(feats.to(dtype))
     causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
     scale = 1.0 / math.sqrt(D)
     k0 = v0 = None
     ks, vs = [], []
-    total, accs = 0.0, []
     for i in range(steps):
-        shift = i + 1
-        tok_in = F.pad(tokens[:, shift: shift + T], (0, T - tokens[:, shift: shift + T].shape[1]))
-        lab = F.pad(labels[:, shift: shift + T], (0, T - labels[:, shift: shift + T].shape[1]), value=-1)
         with torch.no_grad():
-            emb = embed(tok_in.long()).to(dtype)
+            emb = embed(_shift(tokens, i + 1, T, 0).long()).to(dtype)
         x = torch.cat([ml.input_layernorm(emb), ml.hidden_norm(hidden)], -1)
         q = att.q_proj(x).view(B, T, H, D).transpose(1, 2)
         k = att.k_proj(x).view(B, T, Hkv, D).transpose(1, 2)
         v = att.v_proj(x).view(B, T, Hkv, D).transpose(1, 2)
-        pos = (torch.arange(T, device=dev) + i).expand(B, T)
-        q, k = head.rope(q, k, pos)
+        q, k = head.rope(q, k, (torch.arange(T, device=dev) + i).expand(B, T))
         k, v = _repeat_kv(k, H // Hkv), _repeat_kv(v, H // Hkv)
         if i == 0:
             k0, v0 = k, v
@@ -111,17 +118,127 @@ def ttt_loss(head, embed, tokens, feats, labels, steps, decay=0.8):
         for j, vj in enumerate(vs):
             o = o + p[..., T + j: T + j + 1] * vj
         h = hidden + att.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
-        h = h + ml.mlp(ml.post_attention_layernorm(h))
-        dl = torch.where(lab >= 0, t2d_index[lab.clamp(min=0).long()], -1)
-        sel = dl >= 0
-        if sel.any():
-            logits = head.lm_head(head.norm(h[sel]))
-            total = total + decay ** i * F.cross_entropy(logits, dl[sel])
-            accs.append((logits.argmax(-1) == dl[sel]).float().mean().item())
-        else:
+        hidden = head.output(h + ml.mlp(ml.post_attention_layernorm(h)))
+        yield i, hidden
+
+
+def _draft_index(head, target_ids):
+    """Target token ids -> draft ids (-1: not in the draft vocabulary, or no label)."""
+    c = head.config
+    index = torch.full((c.vocab_size,), -1, dtype=torch.long, device=target_ids.device)
+    index[head.to_target_ids(torch.arange(c.draft_vocab_size, device=target_ids.device))] = torch.arange(
+        c.draft_vocab_size, device=target_ids.device)
+    return torch.where(target_ids >= 0, index[target_ids.clamp(min=0).long()], -1)
+
+
+LOSSES = ("ce", "tv", "lk")
+
+
+def step_loss(kind, logits, labels, target_logits=None, eta=3.0):
+    """One unroll step's loss over the draft vocabulary. ce: cross-entropy to the target's argmax (labels). tv: total
+    variation 1 - sum_v min(p_v, q_v) between the target's distribution p (target_logits, renormalised over the
+    draft vocabulary) and the draft's q; sum min(p, q) is the probability that sampled speculation accepts the
+    draft's token, so tv optimises acceptance itself. lk: the adaptive "LK" blend w*KL(p||q) + (1-w)*tv with
+    w = exp(-eta * overlap), overlap not differentiated: KL's (= soft cross-entropy's) strong gradient while the
+    overlap is small, tv once it has grown (Samarin et al., "LK Losses", arXiv 2602.23881; eta 3 is their choice)."""
+    if kind == "ce":
+        return F.cross_entropy(logits, labels)
+    log_q = torch.log_softmax(logits.float(), -1)
+    log_p = torch.log_softmax(target_logits.float(), -1)
+    overlap = torch.minimum(log_p.exp(), log_q.exp()).sum(-1)
+    if kind == "tv":
+        return (1 - overlap).mean()
+    kl = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
+    w = torch.exp(-eta * overlap.detach())
+    return (w * kl + (1 - w) * (1 - overlap)).mean()
+
+
+def ttt_loss(head, embed, tokens, feats, labels, steps, decay=0.8, loss="ce", target_logits=None):
+    """tokens [B, L], feats [B, L-1, 3h], labels [B, L-1] (-1: no loss); target_logits [B, L-1, draft_vocab] for the
+    tv / lk losses (target_draft_logits). Returns (sum_i decay^i * loss_i, per-step accuracy list)."""
+    T = labels.shape[1]
+    draft_labels = _draft_index(head, labels)
+    total, accs = 0.0, []
+    for i, out in _unroll(head, embed, tokens, feats, steps):
+        dl = _shift(draft_labels, i + 1, T, -1)
+        sel = dl >= 0  # response tokens the draft vocabulary can express
+        if not sel.any():
             accs.append(float("nan"))
-        hidden = h
+            continue
+        logits = head.logits(out[sel])
+        tl = None if target_logits is None else _shift(target_logits, i + 1, T, 0.0)[sel]
+        total = total + decay ** i * step_loss(loss, logits, dl[sel], tl)
+        accs.append((logits.argmax(-1) == dl[sel]).float().mean().item())
     return total, accs
+
+
+@torch.no_grad()
+def target_draft_logits(target, feats, draft_ids):
+    """The target's logits over the draft vocabulary at every position, [B, L-1, len(draft_ids)], from the stored
+    features. The data keeps only the target's argmax, and its high feature is the *input* of layer n-3, not the
+    final hidden state (norm + lm_head on it would not give the target's logits), so the target's last layers run
+    over the sequence from it (causal, fresh cache), then norm and the draft rows of lm_head (in float32). Exact in
+    float64 (tested); otherwise off by the rounding of the stored float16 features and of a reduced-precision
+    target's own logits. Costs those layers once per batch, not per unroll step."""
+    model, c = target.model, target.config
+    first = c.feature_layers[2]
+    x = feats[..., 2 * c.hidden_size:].to(model.norm.weight.dtype)
+    B, T, _ = x.shape
+    dev = x.device
+    cache = KVCache(c.num_hidden_layers - first, B, c.num_key_value_heads, T, c.head_dim,
+                    cache_dtype(model.embed_tokens.weight), dev)
+    causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(B, T, T)
+    rope = model.rope.table(torch.arange(T, device=dev).expand(B, T), cache.dtype)
+    mask, slots = attention_mask(cache.lens, causal, T), cache.slots(0, T)
+    for i in range(first, c.num_hidden_layers):
+        x = model.layers[i](x, rope, cache, i - first, slots, mask)
+    return F.linear(model.norm(x).float(), model.lm_head.weight[draft_ids.to(dev)].float())
+
+
+# ---------------------------------------------------------------- held-out simulated tau
+
+
+def simulated_tau(hits):
+    """hits [N, steps] bool: at each of N anchors, whether the head's step-i top-1 equals the target's token. A chain
+    draft of `steps` tokens accepts up to the first miss, so tau = 1 + sum_d prod_{i<=d} acc_i with acc_i the step-i
+    agreement among anchors whose steps 0..i-1 all agreed (prod_{i<=d} acc_i = share of anchors alive after d).
+    Returns (tau, [acc_i])."""
+    alive = hits.long().cumprod(1).double()  # [N, steps]: chain intact through step i
+    reach = alive.sum(0)
+    before = torch.cat([torch.tensor([float(len(hits))], dtype=torch.float64), reach[:-1]])
+    accs = [float(r / b) if b > 0 else 0.0 for r, b in zip(reach, before)]
+    return 1.0 + float(alive.mean(0).sum()) if len(hits) else float("nan"), accs
+
+
+@torch.no_grad()
+def chain_hits(head, embed, tokens, feats, labels, steps):
+    """[anchors, steps] top-1 agreement of each unroll step with the target's argmax, for the anchors whose chain
+    runs inside the response and whose chain inputs are the target's own greedy tokens (on sampled answers some are
+    not): there the unroll is exactly a greedy chain draft at inference. Tokens outside the draft vocabulary miss."""
+    T = labels.shape[1]
+    ok = torch.ones_like(labels, dtype=torch.bool)
+    hits = []
+    for i, out in _unroll(head, embed, tokens, feats, steps):
+        lab = _shift(labels, i + 1, T, -1)
+        ok &= lab >= 0
+        if i > 0:  # step i reads token t+i+1 where inference reads the accepted draft of step i-1 (label at t+i)
+            ok &= _shift(tokens, i + 1, T, -1) == _shift(labels, i, T, -2)
+        hits.append(head.to_target_ids(head.logits(out).argmax(-1)) == lab)
+    return torch.stack(hits, -1)[ok]
+
+
+def heldout_tau(head, embed, seqs, steps, max_tokens, dev):
+    """Simulated tau (simulated_tau) of the head on held-out sequences; (tau, [acc_i])."""
+    hits = [chain_hits(head, embed, *_collate(seqs, idx, dev), steps)
+            for idx in _batches(seqs, max_tokens, random.Random(0))]
+    return simulated_tau(torch.cat(hits).cpu() if hits else torch.zeros(0, steps, dtype=torch.bool))
+
+
+def split_heldout(seqs, frac, seed=0):
+    """(train, held-out): a seeded random `frac` of the sequences (at least one when frac > 0), never trained on."""
+    n = min(len(seqs) - 1, math.ceil(frac * len(seqs))) if frac > 0 else 0
+    held = set(random.Random(seed).sample(range(len(seqs)), n))
+    return [s for i, s in enumerate(seqs) if i not in held], [s for i, s in enumerate(seqs) if i in held]
 
 
 def _batches(seqs, max_tokens, rng):
@@ -156,36 +273,39 @@ def _collate(seqs, idx, dev):
 
 
 def train(target, seqs, out, draft_vocab=8192, epochs=2.0, max_tokens=2048, lr=5e-4, ttt_steps=5, warmup=0.05,
-          clip=0.5, ckpt_every=50, seed=0, init_from=None, log=print):
-    """Train (or resume) a head on `seqs`; writes out/config.json + model.safetensors and out/train_state.pt.
+          clip=0.5, ckpt_every=50, seed=0, init_from=None, eagle31=None, loss="ce", val_frac=0.05, log=print):
+    """Train (or resume) a head on `seqs`; writes out/config.json + model.safetensors, out/train_state.pt and
+    out/train_log.json. Returns (the saved head, per-step history).
+
     init_from: a saved head to start from instead of the target's readout. The draft vocabulary is still chosen from
-    `seqs`; lm_head rows of tokens the saved head also has are copied, new tokens start from the target's rows."""
+    `seqs`; lm_head rows of tokens the saved head also has are copied, new tokens start from the target's rows.
+    eagle31: the EAGLE 3.1 norms; None = on for a new head, the init_from head's setting when fine-tuning.
+    loss: "ce", "tv" or "lk" (step_loss). val_frac: the share of `seqs` held out and never trained on; after every
+    epoch (and at the end) the head's simulated tau on it is logged, and out/ keeps the head of the best epoch
+    (val_frac 0: of the last)."""
+    assert loss in LOSSES, loss
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     dev = target.device
     rng = random.Random(seed)
     state_path = out / "train_state.pt"
     state = torch.load(state_path, weights_only=False) if state_path.exists() else None
-    if state:
-        draft_ids = state["draft_ids"]
-    else:
-        draft_ids, _ = draft_vocab_from_data(seqs, draft_vocab, target.config.vocab_size)
-    head = init_head(target, draft_ids, seed)
-    if init_from and not state:
-        _load_shared(head, Eagle3Head.from_pretrained(init_from))
-        log(f"starting from the head in {init_from}")
+    seqs, heldout = split_heldout(seqs, val_frac, seed)
+    head, draft_ids = _start_head(target, seqs, draft_vocab, seed, init_from, eagle31, state, log)
     head = head.to(dev).train()
+    vocab_ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size, device=dev))
     opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = len(_batches(seqs, max_tokens, random.Random(0)))
     total = max(1, int(epochs * per_epoch))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup * total)) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))))
-    step, history = 0, []
+    step, history, evals, best = 0, [], [], None
     if state:
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
         step, history = state["step"], state["history"]
+        evals, best = state.get("evals", []), state.get("best")
         rng.setstate(state["rng"])
         log(f"resumed at step {step}/{total}")
     embed = target.model.embed_tokens
@@ -195,31 +315,71 @@ def train(target, seqs, out, draft_vocab=8192, epochs=2.0, max_tokens=2048, lr=5
     while step < total:
         if not queue:
             queue = _batches(seqs, max_tokens, rng)
-        idx = queue.pop()
-        tokens, feats, labels = _collate(seqs, idx, dev)
-        loss, accs = ttt_loss(head, embed, tokens, feats, labels, ttt_steps)
+        tokens, feats, labels = _collate(seqs, queue.pop(), dev)
+        tl = None if loss == "ce" else target_draft_logits(target, feats, vocab_ids)
+        value, accs = ttt_loss(head, embed, tokens, feats, labels, ttt_steps, loss=loss, target_logits=tl)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        value.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), clip)
         opt.step()
         sched.step()
         step += 1
-        history.append(dict(step=step, loss=loss.item(), acc=accs))
+        history.append(dict(step=step, loss=value.item(), acc=accs))
         bar.update(1)
         bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc="/".join(f"{a:.2f}" for a in accs))
+        if step % per_epoch == 0 or step == total:
+            since = evals[-1]["step"] if evals else 0
+            evals.append(_evaluate(head, embed, heldout, ttt_steps, max_tokens, dev, history[since:], per_epoch))
+            if heldout:
+                log(f"epoch {evals[-1]['epoch']}: held-out simulated tau {evals[-1]['tau']:.3f}")
+            if _better(evals[-1], best):
+                best = evals[-1]
+                head.save_pretrained(out)
         if step % ckpt_every == 0 or step == total:
             tmp = state_path.with_suffix(".tmp")
             torch.save(dict(head=head.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(), step=step,
-                            history=history, rng=rng.getstate(), draft_ids=draft_ids), tmp)
+                            history=history, rng=rng.getstate(), draft_ids=draft_ids, evals=evals, best=best,
+                            eagle31=head.config.fc_norm), tmp)
             tmp.rename(state_path)
-            head.save_pretrained(out)
     bar.close()
-    head.save_pretrained(out)
-    (out / "train_log.json").write_text(json.dumps(dict(steps=step, epochs=epochs, sequences=len(seqs),
-                                                        tokens=sum(len(s["tokens"]) for s in seqs),
-                                                        draft_vocab=len(draft_ids), ttt_steps=ttt_steps, lr=lr,
-                                                        wall_s=time.time() - t0, last=history[-20:])))
-    return head.eval(), history
+    (out / "train_log.json").write_text(json.dumps(dict(
+        steps=step, epochs=epochs, sequences=len(seqs), heldout_sequences=len(heldout),
+        tokens=sum(len(s["tokens"]) for s in seqs), draft_vocab=len(draft_ids), ttt_steps=ttt_steps, lr=lr,
+        loss=loss, eagle31=head.config.fc_norm, wall_s=time.time() - t0, per_epoch=evals, best=best,
+        last=history[-20:])))
+    return Eagle3Head.from_pretrained(out, device=dev), history
+
+
+def _start_head(target, seqs, draft_vocab, seed, init_from, eagle31, state, log):
+    """(head, draft ids): a resumed run's architecture (weights come from its state), or a new head on the
+    training answers' most frequent tokens, from the target's readout or from init_from's weights."""
+    if state:  # states from before EAGLE 3.1 have no flag: their heads had no norms
+        return init_head(target, state["draft_ids"], seed, state.get("eagle31", False)), state["draft_ids"]
+    draft_ids, _ = draft_vocab_from_data(seqs, draft_vocab, target.config.vocab_size)
+    start = Eagle3Head.from_pretrained(init_from) if init_from else None
+    if eagle31 is None:  # a fine-tune keeps its head's architecture: its fc learnt the features it was given
+        eagle31 = bool(start.config.fc_norm and start.config.norm_output) if start else True
+    head = init_head(target, draft_ids, seed, eagle31)
+    if start:
+        _load_shared(head, start)
+        log(f"starting from the head in {init_from}")
+    return head, draft_ids
+
+
+def _better(record, best):
+    """Keep this epoch's head? Yes without held-out data or a count (no chain to score: tau nan), as the last epoch
+    then; else only when its simulated tau beats the best so far."""
+    if best is None or record["tau"] is None or math.isnan(record["tau"]) or math.isnan(best["tau"]):
+        return True
+    return record["tau"] > best["tau"]
+
+
+def _evaluate(head, embed, heldout, steps, max_tokens, dev, epoch_history, per_epoch):
+    """One epoch's record for train_log.json: held-out simulated tau and step accuracies, mean training loss."""
+    tau, accs = heldout_tau(head, embed, heldout, steps, max_tokens, dev) if heldout else (None, [])
+    step = epoch_history[-1]["step"]
+    return dict(epoch=round(step / per_epoch, 3), step=step, tau=tau, acc=accs,
+                loss=sum(h["loss"] for h in epoch_history) / len(epoch_history))
 
 
 def main(argv=None):
@@ -237,12 +397,22 @@ def main(argv=None):
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--max-tokens", type=int, default=2048, help="padded tokens per training batch")
     ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--ttt-steps", type=int, default=5)
+    ap.add_argument("--unroll", "--ttt-steps", dest="ttt_steps", type=int, default=5,
+                    help="training-time-test steps (draft depth trained for; 7 in the EAGLE-3 reference)")
+    ap.add_argument("--loss", choices=LOSSES, default="ce", help="ce: cross-entropy to the target's argmax; tv: total "
+                    "variation to the target's distribution (acceptance itself); lk: adaptive KL/tv blend")
+    ap.add_argument("--eagle31", action=argparse.BooleanOptionalAction, default=None,
+                    help="EAGLE 3.1 norms (fc_norm, norm_output in config.json); default: on for a new head, as the "
+                    "--init-from head otherwise")
+    ap.add_argument("--val-frac", type=float, default=0.05,
+                    help="share of the answers held out to pick the epoch with the best simulated tau (0: last epoch)")
     ap.add_argument("--init-from", help="start from this saved head (fine-tune) instead of the target's readout; "
                     "lm_head rows of tokens both vocabularies share are kept")
     a = ap.parse_args(argv)
     if a.skip_prompts < 0 or a.prompts < 1:
         ap.error("--skip-prompts must be >= 0 and --prompts >= 1")
+    if a.ttt_steps < 1 or not 0 <= a.val_frac < 1:
+        ap.error("--unroll must be >= 1 and --val-frac in [0, 1)")
     target = load_target(a.target)
     data = Path(a.data or Path("data") / target.name)
     if not (data / "meta.json").exists():
@@ -254,7 +424,7 @@ def main(argv=None):
     seqs = load_dataset(data)
     print(f"{len(seqs)} sequences, {sum(len(s['tokens']) for s in seqs)} tokens", flush=True)
     train(target, seqs, a.out, draft_vocab=a.draft_vocab, epochs=a.epochs, max_tokens=a.max_tokens, lr=a.lr,
-          ttt_steps=a.ttt_steps, init_from=a.init_from)
+          ttt_steps=a.ttt_steps, init_from=a.init_from, eagle31=a.eagle31, loss=a.loss, val_frac=a.val_frac)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ class EagleDrafter(Drafter):
         pf = feats.gather(1, acc.path[..., None].expand(-1, -1, feats.shape[-1]))
         ar = torch.arange(emitted.shape[1], device=dev)
         mask = (ar[None, :, None] >= ar[None, None, :]) & (ar < acc.length[:, None])[:, None, :] | (ar[:, None] == ar)
-        out = head(self.embed(emitted), head.fc(pf), self.cache.lens[:, None] + ar, self.cache, mask)
+        out = head(self.embed(emitted), head.project(pf), self.cache.lens[:, None] + ar, self.cache, mask)
         self.root_out = out[torch.arange(n, device=dev), acc.length - 1]
         self.cache.lens += acc.length
 
@@ -74,7 +74,7 @@ class EagleDrafter(Drafter):
         c = torch.tensor(counts, device=dev)
         ar = torch.arange(P, device=dev)
         mask = (ar[:, None] >= ar[None, :]) & (ar < c[:, None])[:, None, :] | torch.eye(P, dtype=torch.bool, device=dev)
-        out = self.head(self.embed(tok), self.head.fc(feat), hcache.lens[:, None] + ar, hcache, mask)
+        out = self.head(self.embed(tok), self.head.project(feat), hcache.lens[:, None] + ar, hcache, mask)
         hcache.lens += c
         last = out[torch.arange(n, device=dev), (c - 1).clamp(min=0)]
         return torch.where((c > 0)[:, None], last, root_out)
