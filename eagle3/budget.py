@@ -15,7 +15,8 @@ surest nodes do. Every round:
      verifies the N - 1 surest nodes of each row, N maximising (rows + expected accepted) / t(rows, N); rows pad to
      the longest, so N is one number for the batch. N = 1 turns the round into a plain step.
   3. observe(...): which verified nodes were accepted updates the calibration; seconds update the cost scales and
-     the drafter's cost.
+     the drafter's cost (without its catch-up on skipped plain steps: a one-off that plain rounds cause, which
+     would otherwise make every probe after a run of plain steps look too dear to draft again).
 
 While plain steps win, the gain curves are not refreshed, so a tree is drafted again after `explore` plain rounds
 (16, doubling up to 1024 while plain keeps winning): at most a few per cent of the rounds.
@@ -72,7 +73,9 @@ class DraftBudget:
         self.calibration = {g: Calibration(self.depth) for g in (True, False)}
         self.gain = {}         # greedy -> [depth + 1, total] running g[d][n]
         self.draft_s = {}      # (bucket, depth) -> running seconds of the drafter per round
-        self.scale = {True: 1.0, False: 1.0}  # tree round? -> measured / profiled verify seconds
+        # Measured / profiled verify seconds: `level` from every round (the machine may be busier or quieter than
+        # when it was profiled), `tree_extra` from tree rounds on top of it (their accept and commit cost more).
+        self.level, self.tree_extra = 1.0, 1.0
         self.waits = {}        # bucket -> [plain rounds since the last tree, plain rounds allowed before a probe]
         self.used = {}         # (bucket, depth or PLAIN) -> rounds, for summaries
 
@@ -80,7 +83,7 @@ class DraftBudget:
 
     def cost(self, rows, nodes):
         """Expected seconds of the verify forward (with accept and commit) for `nodes` nodes per row."""
-        return self.profile.cost(rows, nodes) * self.scale[nodes > 1]
+        return self.profile.cost(rows, nodes) * self.level * (self.tree_extra if nodes > 1 else 1.0)
 
     def drafting(self, rows, d):
         """Expected seconds the drafter spends per round at depth d: measured at this batch size, else scaled from
@@ -151,8 +154,11 @@ class DraftBudget:
     def observe(self, shape, tree, acc, greedy, verify_s, draft_s):
         """One round's outcome: acceptance of the verified nodes, the verify and draft seconds."""
         rows, n = len(tree.tokens), tree.size
-        predicted = self.profile.cost(rows, n)
-        self.scale[n > 1] += self.alpha * (verify_s / max(predicted, 1e-9) - self.scale[n > 1])
+        ratio = verify_s / max(self.profile.cost(rows, n), 1e-9)
+        if n > 1:
+            self.tree_extra += self.alpha * (ratio / self.level - self.tree_extra)
+        else:
+            self.level += self.alpha * (ratio - self.level)
         if shape is PLAIN:
             return
         key = (bucket(rows), shape[1])

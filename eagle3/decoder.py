@@ -267,31 +267,32 @@ class SpeculativeDecoder:
                 return
             self._round(batch, drafter, sampling, totals)
 
-    def _propose(self, batch, drafter, greedy):
-        """The round's trees: the drafter's, trimmed to the budget; root-only (a plain step) when drafting does not
-        pay. Returns the tree and the drafter's shape (PLAIN when it did not draft)."""
-        shape = self.budget.plan(batch.size, greedy) if self.budget else self.configured
+    def _propose(self, batch, drafter, shape, greedy):
+        """The round's trees: the drafter's, trimmed to the budget; root-only (a plain step) for PLAIN."""
         if shape is PLAIN:
-            return root_only(batch.root), shape
-        drafter.prepare(batch)
+            return root_only(batch.root)
         tree = drafter.propose(batch, shape)
-        return (self.budget.trim(tree, greedy) if self.budget else tree), shape
+        return self.budget.trim(tree, greedy) if self.budget else tree
 
     def _round(self, batch, drafter, sampling, totals):
         """One round over every live row: propose -> verify -> accept -> commit."""
         greedy = sampling["temperature"] == 0
+        shape = self.budget.plan(batch.size, greedy) if self.budget else self.configured
         t0 = time.perf_counter()
-        tree, shape = self._propose(batch, drafter, greedy)
+        if shape is not PLAIN:  # the drafter's catch-up on skipped plain steps: a one-off, not what a round costs
+            drafter.prepare(batch)
         t1 = time.perf_counter()
+        tree = self._propose(batch, drafter, shape, greedy)
+        t2 = time.perf_counter()
         logits, feats = self.model(tree.tokens, batch.cache.lens[:, None] + tree.depth, batch.cache, tree.mask)
         acc = self._accept(tree, logits, sampling)
         emitted = batch.commit(tree, acc)
-        t2 = time.perf_counter()
-        drafter.observe(batch, tree, acc, feats, emitted)
         t3 = time.perf_counter()
-        self._count(totals, tree, acc, t1 - t0 + t3 - t2, t2 - t1)
+        drafter.observe(batch, tree, acc, feats, emitted)
+        t4 = time.perf_counter()
+        self._count(totals, tree, acc, t2 - t0 + t4 - t3, t3 - t2)
         if self.budget:
-            self.budget.observe(shape, tree, acc, greedy, t2 - t1, t1 - t0 + t3 - t2)
+            self.budget.observe(shape, tree, acc, greedy, t3 - t2, t2 - t1 + t4 - t3)
 
     def _count(self, totals, tree, acc, draft_s, verify_s):
         totals["draft_time_s"] += draft_s

@@ -74,6 +74,10 @@ def test_observe_calibrates_acceptance_and_scales_the_profile():
     budget.observe((2, 4, 8), tree, acc, True, verify_s=2 * CPU_LIKE.cost(2, 5), draft_s=0.004)
     cal = budget.calibration[True]
     assert cal.seen[1:5, 9].tolist() == [2, 2, 2, 2] and cal.hits[1:5, 9].tolist() == [1, 1, 0, 0]
-    assert budget.scale[True] == pytest.approx(1.1) and budget.scale[False] == 1.0  # 10% of the way to 2x
+    assert budget.tree_extra == pytest.approx(1.1) and budget.level == 1.0  # 10% of the way to 2x
+    plain = from_nodes(torch.zeros(2, dtype=torch.long), [[], []])
+    budget.observe(PLAIN, plain, Accepted(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long),
+                                          torch.zeros(2, dtype=torch.long)), True, 3 * CPU_LIKE.cost(2, 1), 0.0)
+    assert budget.level == pytest.approx(1.2) and budget.cost(2, 5) == pytest.approx(CPU_LIKE.cost(2, 5) * 1.2 * 1.1)
     assert budget.draft_s[(1, 4)] == 0.004
     assert budget.drafting(2, 1) == pytest.approx(0.004 * 2 / 5)  # another depth, scaled by its levels
