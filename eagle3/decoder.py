@@ -21,6 +21,15 @@ from .verify import Accepted, greedy, verify_greedy, verify_sampling, warp
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
+def _is_chat(p):
+    """A non-empty prompt string or a non-empty list of {role, content} messages with string contents."""
+    if isinstance(p, str):
+        return p.strip() != ""
+    return isinstance(p, (list, tuple)) and len(p) > 0 and all(
+        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
+        for m in p)
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -104,11 +113,12 @@ class SpeculativeDecoder:
 
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, batch_size=8,
                  speculative=True, seed=None):
-        """Decode each prompt (chat template applied) and return one GenerationResult per prompt, in order."""
+        """Decode each prompt (a string, or a chat as a list of {role, content} messages; chat template applied)
+        and return one GenerationResult per prompt, in order."""
         _require(isinstance(prompts, (list, tuple)) and len(prompts) > 0, "prompts", "must be a non-empty list")
         ids = []
         for i, p in enumerate(prompts):
-            _require(isinstance(p, str) and p.strip() != "", f"prompts[{i}]", "must be a non-empty string")
+            _require(_is_chat(p), f"prompts[{i}]", "must be a non-empty string or a list of {role, content} messages")
             ids.append(self.target.encode_prompt(p))
         return self.generate_ids(ids, max_new_tokens, temperature, top_p, top_k, batch_size, speculative, seed)
 
