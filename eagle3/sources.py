@@ -17,6 +17,7 @@ import ast
 import gzip
 import hashlib
 import itertools
+import os
 import random
 import re
 import sysconfig
@@ -86,9 +87,12 @@ def _is_text(chunk):
 
 
 def _stdlib_files():
-    root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "test", "tests", "idle_test", "__pycache__", "encodings"}  # encodings: 120 codec tables
-    return [p for p in sorted(root.rglob("*.py")) if not skip & set(p.relative_to(root).parts)]
+    out = []
+    for folder, dirs, files in os.walk(sysconfig.get_paths()["stdlib"]):
+        dirs[:] = [d for d in dirs if d not in skip]  # pruned, not walked: site-packages can be huge
+        out += [Path(folder) / f for f in files if f.endswith(".py")]
+    return sorted(out)
 
 
 def _stdlib_material(path, rng):
