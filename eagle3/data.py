@@ -118,7 +118,9 @@ def generate_dataset(target, prompts, out_dir, max_new_tokens=160, batch_size=16
 
 
 def load_dataset(data_dir):
+    """Every shard's records. Memory-mapped: tensors are read from disk when used, so a data set larger than RAM
+    (tens of GB of features for tens of thousands of long prompts) can still be trained on."""
     seqs = []
     for f in sorted(Path(data_dir).glob("shard_*.pt")):
-        seqs.extend(torch.load(f, weights_only=True))
+        seqs.extend(torch.load(f, weights_only=True, mmap=True))
     return seqs
