@@ -41,8 +41,17 @@ def make_plan(target, settings):
     texts = [s for s in sources if s != "chat"]
     n_chat = n // len(sources) if "chat" in sources else 0
     budget = prompt_budget(target, settings["max_prompt_tokens"], settings["max_new_tokens"])
-    rows, manifest = build_prompts(texts, n - n_chat, settings["seed"],
-                                   fits=lambda p: len(target.encode_prompt(p)) <= budget)
+    lengths = {}
+
+    def fits(prompt):
+        lengths[prompt] = len(target.encode_prompt(prompt))
+        return lengths[prompt] <= budget
+    rows, manifest = build_prompts(texts, n - n_chat, settings["seed"], fits=fits)
+    for r in rows:
+        r["prompt_tokens"] = lengths[r["prompt"]]
+    # what the shards will hold: features of every prompt and answer token (3 layers, float16), so the disk need
+    # is known before the run starts
+    manifest["prompt_tokens"] = sum(r["prompt_tokens"] for r in rows)
     if n_chat:
         manifest["sources"]["chat"] = n_chat
         manifest["prompts"] += n_chat
@@ -147,7 +156,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--max-new-tokens", type=int, default=160)
-    ap.add_argument("--max-prompt-tokens", type=int, default=1024)
+    ap.add_argument("--max-prompt-tokens", type=int, default=768, help="longest text prompt (chats: + an answer)")
     ap.add_argument("--shard-size", type=int, default=128)
     ap.add_argument("--batch", type=int, default=24, help="prompts answered at once")
     ap.add_argument("--sample-share", type=float, default=0.25, help="share of answers sampled instead of greedy")

@@ -80,6 +80,9 @@ def test_chats_manifest_and_training(target, tmp_path):
     assert all(c[-2]["role"] == "assistant" and c[-1]["role"] == "user" for c in chats)
     seqs = load_dataset(out)
     assert len(seqs) == manifest["prompts"] == 8
+    text_shards = [r for f in sorted(out.glob("shard_?????.pt")) for r in torch.load(f, weights_only=True)]
+    assert manifest["prompt_tokens"] == sum(r["prompt_len"] for r in text_shards) == sum(
+        len(target.encode_prompt(r["prompt"])) for r in rows)
     temps = [s["temperature"] for s in seqs]
     assert 0.0 in temps and any(0.7 <= t <= 1.0 for t in temps)
     _, hist = train(target, seqs, tmp_path / "head", draft_vocab=64, epochs=1, max_tokens=4000, ttt_steps=1,
