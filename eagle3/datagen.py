@@ -73,6 +73,9 @@ def load_or_make_plan(target, out, settings):
     (out / "prompts.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     plan.write_text(json.dumps(settings))  # last: a plan without its prompts file is never trusted
+    # meta.json marks a data directory for eagle3.train, which would otherwise answer its own prompts into it
+    (out / "meta.json").write_text(json.dumps(dict(settings, target=target.name, generator="eagle3.datagen",
+                                                   feature_layers=target.config.feature_layers)))
     return rows, manifest
 
 
@@ -122,8 +125,6 @@ def generate(target, out, settings):
     """Answer the plan's prompts shard by shard, each followed by its chat shard. Resumable (see the module doc)."""
     out = Path(out)
     rows, manifest = load_or_make_plan(target, out, settings)
-    (out / "meta.json").write_text(json.dumps(dict(settings, target=target.name, generator="eagle3.datagen",
-                                                   feature_layers=target.config.feature_layers)))
     size = settings["shard_size"]
     chunks = [rows[i: i + size] for i in range(0, len(rows), size)]
     n_chat = spread(manifest["sources"].get("chat", 0), [len(c) for c in chunks])

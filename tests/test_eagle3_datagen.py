@@ -100,6 +100,7 @@ def test_dry_run_writes_only_the_plan(tmp_path, capsys):
     main(["--out", str(tmp_path), "--target", "tiny", "--sources", "stdlib,chat", "--n", "6", "--dry-run"])
     assert json.loads(capsys.readouterr().out)["sources"] == {"stdlib": 3, "chat": 3}
     assert not list(tmp_path.glob("shard_*")) and (tmp_path / "plan.json").exists()
+    assert (tmp_path / "meta.json").exists()  # eagle3.train --data here will not generate data of its own
 
 
 def test_spread():
