@@ -146,9 +146,14 @@ def _man_files():
     return sorted(p for d in sorted(MAN_ROOT.glob("man[1-8]")) for p in d.iterdir() if p.is_file())
 
 
-_ESCAPES = [(r"\\f(\[[^]]*\]|\(..|.)", ""), (r"\\\((em|en)", "-"), (r"\\\((aq|cq)", "'"),
-            (r"\\\((dq|lq|rq)", '"'), (r"\\\(bu", "*"), (r"\\[-e]", lambda m: "-" if m.group(0) == "\\-" else "\\"),
-            (r"\\s[-+]?\d", ""), (r"\\$", ""), (r"\\[&|^%]", ""), (r"\\ ", " "), (r"\\\*(\(..|\[[^]]*\]|.)", ""), (r"\\.", "")]
+# groff escapes and what they become in plain text, applied in order
+_ESCAPES = [(r"\\f(\[[^]]*\]|\(..|.)", ""),                                    # font changes: \fB \fR \f(CW \f[BI]
+            (r"\\\((em|en)", "-"), (r"\\\((aq|cq)", "'"), (r"\\\((dq|lq|rq)", '"'), (r"\\\(bu", "*"),  # glyphs
+            (r"\\-", "-"),                                                        # minus
+            (r"\\s[-+]?\d", ""), (r"\\$", ""),                                   # point size, line continuation
+            (r"\\[&|^%]", ""), (r"\\ ", " "),                                     # zero-width marks, fixed space
+            (r"\\\*(\(..|\[[^]]*\]|.)", ""), (r"\\[^e]", ""),                    # string macros, anything else
+            (r"\\e", lambda m: "\\")]                                           # a backslash, last: kept as is
 
 
 def strip_groff(src):

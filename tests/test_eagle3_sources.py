@@ -76,10 +76,11 @@ def test_requests_vary_their_wording_and_layout():
 
 def test_strip_groff():
     src = '.\\" a comment\n.TH TAR 1\n.SH NAME\ntar \\- an archiving utility\n.SH DESCRIPTION\n.B tar\nstores ' \
-          '\\fIfiles\\fR in one \\fBarchive\\fR.\n.BR gzip (1)\n'
+          '\\fIfiles\\fR in one \\fBarchive\\fR.\n.BR gzip (1)\nuse C:\\eTEMP \\(em or \\s-1not\\s0\n'
     text = strip_groff(src)
-    assert "comment" not in text and "\\" not in text and ".TH" not in text
+    assert "comment" not in text and "\\f" not in text and ".TH" not in text
     assert "tar - an archiving utility" in text and "stores files in one archive." in text and "gzip(1)" in text
+    assert "use C:\\TEMP - or not" in text
 
 
 def test_chats_continue_the_exchange():
