@@ -11,8 +11,9 @@ Sources (each reads files offline, in a seeded order, so the same seed gives the
 Each text becomes a summarise / rewrite / extract / classify / explain / translate / QA / continue request (code:
 explain / review / document / test / translate / complexity / simplify / usage), phrased many ways, with the
 instruction before the text, after it, or only a question after the text. Prompts are deduplicated on their
-normalised text, and any prompt that shares a run of OVERLAP_WORDS words with an evaluation prompt (both held-out
-sets) is dropped, so training never sees evaluation text."""
+normalised text (and each text is used once), and any prompt that shares a run of OVERLAP_WORDS words with an
+evaluation prompt of either held-out set, or contains a shorter one, is dropped: training never sees evaluation
+text."""
 import ast
 import gzip
 import hashlib
