@@ -3,8 +3,11 @@ engine's vanilla decode vs Hugging Face generate(), side by side in one run (rat
 runs the one configured tree (adaptive=False) so tau and per-depth rates describe the head; bench.report measures
 the adaptive decoder the worker uses.
 
-    python -m bench.acceptance [--prompts 84] [--max-new-tokens 96] [--batch 1 8] [--temps 0 0.7] [--out FILE]
-                               [--drafter eagle|suffix|hybrid]
+    python -m bench.acceptance [--set template|freeform] [--prompts 84] [--max-new-tokens 96] [--batch 1 8]
+                               [--temps 0 0.7] [--out FILE] [--drafter eagle|suffix|hybrid]
+
+--set template (default): the held-out topics with the training set's templates (eagle3/prompts.py);
+--set freeform: hand-written free-form prompts and chats (bench/prompts/freeform.jsonl), unlike any template.
 """
 import argparse
 import functools
@@ -14,7 +17,7 @@ import time
 import torch
 
 from eagle3 import SpeculativeDecoder, load_target
-from eagle3.prompts import heldout_prompts
+from eagle3.prompts import evaluation_prompts
 from eagle3.target import DEFAULT_TARGET, cache_dir
 
 
@@ -57,7 +60,8 @@ def depth_rates(hist):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=88)
+    ap.add_argument("--set", default="template", choices=["template", "freeform"], help="which held-out set")
+    ap.add_argument("--prompts", type=int, help="use the first N prompts of the set (default: all)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--temps", type=float, nargs="+", default=[0.0, 0.7])
@@ -72,8 +76,8 @@ def main():
     target = load_target()
     dec = SpeculativeDecoder(target, draft=a.draft, parallel_degree=a.parallel_degree, depth=a.depth,
                              total_tokens=a.total_tokens, adaptive=False, drafter=a.drafter)  # one fixed tree
-    prompts = [p["prompt"] for p in heldout_prompts()][: a.prompts]
-    lines = [f"held-out prompts: {len(prompts)}, max_new_tokens {a.max_new_tokens}, drafter {a.drafter}, "
+    prompts = [p["prompt"] for p in evaluation_prompts(a.set)][: a.prompts]
+    lines = [f"held-out prompts ({a.set}): {len(prompts)}, max_new_tokens {a.max_new_tokens}, drafter {a.drafter}, "
              f"tree k={dec.k} depth={dec.depth} nodes={dec.total_tokens}, draft vocab {dec.head.config.draft_vocab_size}, "
              f"torch threads {torch.get_num_threads()}", "",
              "| temp | batch | decoder | tau mean | tau median | accept rate by depth | tok/s | x vanilla | x HF | identical |",

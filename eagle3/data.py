@@ -15,10 +15,14 @@ from .verify import warp
 
 @torch.no_grad()
 def answer_batch(target, prompts, max_new_tokens, sample_rows, temperature=0.7, generator=None):
-    """Decode a batch with plain autoregressive steps. Returns dicts with tokens [L], feats [L-1, 3h] (feature of
-    each token that was fed), labels [L-1] (target argmax after each position; -1 inside the prompt) and
-    prompt_len."""
+    """Decode a batch with plain autoregressive steps. prompts: strings or chats (lists of messages); temperature:
+    one for all sampled rows, or one per row. Returns dicts with tokens [L], feats [L-1, 3h] (feature of each token
+    that was fed), labels [L-1] (target argmax after each position; -1 inside the prompt), prompt_len and
+    temperature (0.0 for a greedy row)."""
     model, dev = target.model, target.device
+    temps = [float(t) for t in temperature] if isinstance(temperature, (list, tuple)) else [temperature] * len(prompts)
+    # greedy rows divide by 1: their draw is discarded, but a zero would put NaNs into the batch's multinomial
+    temp = torch.tensor([t if s else 1.0 for t, s in zip(temps, sample_rows)], device=dev)[:, None]
     ids = [target.encode_prompt(p) for p in prompts]
     B = len(ids)
     tokens, lens, pos, mask = pad_prompts(ids, dev)
@@ -35,7 +39,7 @@ def answer_batch(target, prompts, max_new_tokens, sample_rows, temperature=0.7, 
     for step in range(max_new_tokens):
         lg = logits[:, -1]
         greedy = lg.argmax(-1)
-        drawn = torch.multinomial(warp(lg, temperature), 1, generator=generator)[:, 0] if sample.any() else greedy
+        drawn = torch.multinomial(warp(lg, temp), 1, generator=generator)[:, 0] if sample.any() else greedy
         nxt = torch.where(sample, drawn, greedy)
         g, n = greedy.tolist(), nxt.tolist()
         keep = []
@@ -49,7 +53,7 @@ def answer_batch(target, prompts, max_new_tokens, sample_rows, temperature=0.7, 
         if len(keep) < len(live):
             cache.keep(keep)
             idx = torch.tensor(keep, device=dev)
-            nxt, sample, live = nxt[idx], sample[idx], [live[i] for i in keep]
+            nxt, sample, temp, live = nxt[idx], sample[idx], temp[idx], [live[i] for i in keep]
         logits, feats = model(nxt[:, None], cache.lens[:, None], cache,
                               torch.ones(len(live), 1, 1, dtype=torch.bool, device=dev))
         cache.lens += 1
@@ -61,13 +65,39 @@ def answer_batch(target, prompts, max_new_tokens, sample_rows, temperature=0.7, 
         toks = ids[b] + out_tok[b]
         f = torch.cat(seq_feats[b])[: len(toks) - 1]
         out.append(dict(tokens=torch.tensor(toks, dtype=torch.int32), feats=f,
-                        labels=torch.tensor(seq_labels[b][: len(toks) - 1], dtype=torch.int32), prompt_len=len(ids[b])))
+                        labels=torch.tensor(seq_labels[b][: len(toks) - 1], dtype=torch.int32), prompt_len=len(ids[b]),
+                        temperature=temps[b] if sample_rows[b] else 0.0))
     return out
+
+
+def prompt_chars(prompt):
+    """Length of a prompt or of a chat's messages, to batch prompts of similar length."""
+    return len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+
+
+def answer_shard(target, prompts, path, max_new_tokens, batch_size, sample_rows, temperatures, generator, bar=None):
+    """Answer `prompts` and save them as one shard at `path` (atomically: an interrupted shard is redone, never
+    half-read). sample_rows / temperatures: per prompt."""
+    order = sorted(range(len(prompts)), key=lambda i: prompt_chars(prompts[i]))  # similar lengths: less padding
+    seqs = [None] * len(prompts)
+    for i in range(0, len(order), batch_size):
+        idx = order[i: i + batch_size]
+        answers = answer_batch(target, [prompts[j] for j in idx], max_new_tokens, [sample_rows[j] for j in idx],
+                               [temperatures[j] for j in idx], generator)
+        for j, r in zip(idx, answers):
+            seqs[j] = r
+        if bar is not None:
+            bar.update(len(idx))
+            bar.set_postfix(tokens=sum(len(x["tokens"]) for x in seqs if x is not None))
+    tmp = Path(path).with_suffix(".tmp")
+    torch.save(seqs, tmp)
+    tmp.rename(path)
+    return seqs
 
 
 def generate_dataset(target, prompts, out_dir, max_new_tokens=160, batch_size=16, sample_share=0.25,
                      temperature=0.7, shard_size=128, seed=0):
-    """Answer `prompts` (list of str) with the target and write shards under out_dir. Resumable."""
+    """Answer `prompts` (strings or chats) with the target and write shards under out_dir. Resumable."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=target.device).manual_seed(seed)
@@ -79,18 +109,8 @@ def generate_dataset(target, prompts, out_dir, max_new_tokens=160, batch_size=16
         if path.exists():
             bar.update(len(chunk))
             continue
-        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))  # similar lengths: less padding
-        seqs = [None] * len(chunk)
-        for i in range(0, len(order), batch_size):
-            idx = order[i: i + batch_size]
-            rows = [(s * shard_size + j) % int(1 / sample_share) == 0 if sample_share else False for j in idx]
-            for j, r in zip(idx, answer_batch(target, [chunk[j] for j in idx], max_new_tokens, rows, temperature, gen)):
-                seqs[j] = r
-            bar.update(len(idx))
-            bar.set_postfix(tokens=sum(len(x["tokens"]) for x in seqs if x is not None))
-        tmp = path.with_suffix(".tmp")
-        torch.save(seqs, tmp)
-        tmp.rename(path)  # atomic: an interrupted shard is redone, never half-read
+        rows = [(s * shard_size + j) % int(1 / sample_share) == 0 if sample_share else False for j in range(len(chunk))]
+        answer_shard(target, chunk, path, max_new_tokens, batch_size, rows, [temperature] * len(chunk), gen, bar)
     bar.close()
     (out_dir / "meta.json").write_text(json.dumps(dict(target=target.name, prompts=len(prompts),
                                                        max_new_tokens=max_new_tokens, sample_share=sample_share,
@@ -98,7 +118,9 @@ def generate_dataset(target, prompts, out_dir, max_new_tokens=160, batch_size=16
 
 
 def load_dataset(data_dir):
+    """Every shard's records. Memory-mapped: tensors are read from disk when used, so a data set larger than RAM
+    (tens of GB of features for tens of thousands of long prompts) can still be trained on."""
     seqs = []
     for f in sorted(Path(data_dir).glob("shard_*.pt")):
-        seqs.extend(torch.load(f, weights_only=True))
+        seqs.extend(torch.load(f, weights_only=True, mmap=True))
     return seqs

@@ -21,6 +21,15 @@ from .tree import root_only
 from .verify import Accepted, greedy, verify_greedy, verify_sampling, warp
 
 
+def _is_chat(p):
+    """A non-empty prompt string or a non-empty list of {role, content} messages with string contents."""
+    if isinstance(p, str):
+        return p.strip() != ""
+    return isinstance(p, (list, tuple)) and len(p) > 0 and all(
+        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
+        for m in p)
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -113,13 +122,14 @@ class SpeculativeDecoder:
 
     def generate(self, prompts, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, batch_size=8,
                  speculative=True, seed=None, references=()):
-        """Decode each prompt (chat template applied) and return one GenerationResult per prompt, in order.
-        references: texts the suffix and hybrid drafters may draft from besides this call's prompts and outputs
-        (a bulk job's earlier outputs); they never change the output, only how fast it comes."""
+        """Decode each prompt (a string, or a chat as a list of {role, content} messages; chat template applied)
+        and return one GenerationResult per prompt, in order. references: texts the suffix and hybrid drafters may
+        draft from besides this call's prompts and outputs (a bulk job's earlier outputs); they never change the
+        output, only how fast it comes."""
         _require(isinstance(prompts, (list, tuple)) and len(prompts) > 0, "prompts", "must be a non-empty list")
         ids = []
         for i, p in enumerate(prompts):
-            _require(isinstance(p, str) and p.strip() != "", f"prompts[{i}]", "must be a non-empty string")
+            _require(_is_chat(p), f"prompts[{i}]", "must be a non-empty string or a list of {role, content} messages")
             ids.append(self.target.encode_prompt(p))
         _require(isinstance(references, (list, tuple)) and all(isinstance(r, str) for r in references), "references",
                  "must be a list of strings")

@@ -1,8 +1,12 @@
 """Prompt sets for self-distillation and evaluation: instruction templates x topics, in eleven categories.
 
 The held-out set uses topics and texts the training set never sees, with the same categories, so evaluation
-measures generalisation rather than memorised answers."""
+measures generalisation rather than memorised answers. Because that set still shares the training templates, a
+second held-out set of free-form prompts (bench/prompts/freeform.jsonl: hand-written chats, long texts, code,
+constrained instructions; never used for training) measures how the head does on prompts unlike any template."""
+import json
 import random
+from pathlib import Path
 
 TRAIN_TOPICS = """photosynthesis; black holes; the French Revolution; machine learning; climate change; the immune system;
 volcanoes; the stock market; the Roman Empire; quantum computing; coffee; honeybees; the internet; democracy;
@@ -191,3 +195,17 @@ def training_prompts(n=TRAINING_PROMPTS, seed=0):
 
 def heldout_prompts(n=88, seed=1):
     return _make(_topics(HELDOUT_TOPICS), n, seed)
+
+
+FREEFORM_PATH = Path(__file__).resolve().parent.parent / "bench" / "prompts" / "freeform.jsonl"
+
+
+def freeform_prompts(path=FREEFORM_PATH):
+    """The free-form held-out set: dicts with id, style and prompt (a string, or a chat as a list of messages)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [dict(id=r["id"], style=r["style"], prompt=r.get("messages") or r["prompt"]) for r in rows]
+
+
+def evaluation_prompts(which="template"):
+    """A held-out set by name: "template" (heldout_prompts) or "freeform" (freeform_prompts)."""
+    return {"template": heldout_prompts, "freeform": freeform_prompts}[which]()

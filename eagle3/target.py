@@ -236,14 +236,23 @@ def _default_model_dir() -> Path:
 # ---------------------------------------------------------------- tokenizers
 
 
+def as_messages(chat) -> list[dict]:
+    """A prompt is one user message; a list of {role, content} messages (a multi-turn chat) is taken as it is."""
+    return [{"role": "user", "content": chat}] if isinstance(chat, str) else list(chat)
+
+
 class ByteTokenizer:
     """256 byte tokens + specials, for the tiny random test model (no files needed)."""
 
     bos_token_id, eos_token_id, pad_token_id = 256, 257, 258
     vocab_size = 259
 
-    def encode_chat(self, prompt: str):
-        return [self.bos_token_id] + list(f"User: {prompt}\nAssistant: ".encode())
+    labels = {"system": "System", "user": "User", "assistant": "Assistant"}
+
+    def encode_chat(self, chat):
+        """The same plain-text template as jobs.tokenizer.ByteChat."""
+        text = "".join(f"{self.labels[m['role']]}: {m['content']}\n" for m in as_messages(chat)) + "Assistant: "
+        return [self.bos_token_id] + list(text.encode())
 
     def encode(self, text: str):
         return list(text.encode())
@@ -258,12 +267,15 @@ class HFTokenizer:
 
         self.tok = AutoTokenizer.from_pretrained(path)
 
-    def encode_chat(self, prompt: str):
+    def encode_chat(self, chat):
+        messages = as_messages(chat)
         if self.tok.chat_template:
-            ids = self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                               tokenize=True)
+            ids = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        return self.tok.encode(prompt)
+        if isinstance(chat, str):
+            return self.tok.encode(chat)
+        # no template: the same plain transcript as jobs.tokenizer.HFChat
+        return self.tok.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ")
 
     def encode(self, text: str):
         return self.tok.encode(text, add_special_tokens=False)
@@ -295,10 +307,11 @@ class Target:
     def device(self):
         return self.model.embed_tokens.weight.device
 
-    def encode_prompt(self, prompt: str) -> list[int]:
+    def encode_prompt(self, prompt) -> list[int]:
+        """A prompt string or a list of {role, content} messages, chat template applied."""
         return self.tokenizer.encode_chat(prompt)
 
-    def count_tokens(self, prompt: str) -> int:
+    def count_tokens(self, prompt) -> int:
         return len(self.encode_prompt(prompt))
 
     def decode(self, ids) -> str:
