@@ -73,11 +73,13 @@ class DraftBudget:
         self.calibration = {g: Calibration(self.depth) for g in (True, False)}
         self.gain = {}         # greedy -> [depth + 1, total] running g[d][n]
         self.draft_s = {}      # (bucket, depth) -> running seconds of the drafter per round
+        self.warm, self.draft_alpha = set(), 0.3
         # Measured / profiled verify seconds: `level` from every round (the machine may be busier or quieter than
         # when it was profiled), `tree_extra` from tree rounds on top of it (their accept and commit cost more).
         self.level, self.tree_extra = 1.0, 1.0
         self.waits = {}        # bucket -> [plain rounds since the last tree, plain rounds allowed before a probe]
         self.used = {}         # (bucket, depth or PLAIN) -> rounds, for summaries
+        self.trees = 0         # rounds that drafted because it paid
 
     # ------------------------------------------------------------ costs
 
@@ -107,15 +109,17 @@ class DraftBudget:
         if greedy not in self.gain:
             return self._use(rows, self.depth)  # nothing measured yet: draft the whole tree once
         plain = rows / self.cost(rows, 1)
-        rate, d = max((self.best_nodes(rows, self.gain[greedy][d], self.drafting(rows, d))[0], d)
-                      for d in range(1, self.depth + 1))
+        gain = np.maximum.accumulate(self.gain[greedy], 0)  # a deeper draft holds the shallower one's nodes
+        rate, d = max((self.best_nodes(rows, gain[d], self.drafting(rows, d))[0], d) for d in range(1, self.depth + 1))
         since, wait = self.waits.setdefault(bucket(rows), [0, self.first_explore])
         if rate > plain:
             self.waits[bucket(rows)] = [0, self.first_explore]
-            return self._use(rows, d)
-        if since + 1 >= wait:  # plain keeps winning: look again, later each time
+            self.trees += 1
+            # Curves of depths never drafted go stale: now and then draft one level deeper than the best.
+            return self._use(rows, min(d + 1, self.depth) if self.trees % self.first_explore == 0 else d)
+        if since + 1 >= wait:  # plain keeps winning: look again (every depth), later each time
             self.waits[bucket(rows)] = [0, min(2 * wait, self.max_explore)]
-            return self._use(rows, d)
+            return self._use(rows, self.depth)
         self.waits[bucket(rows)][0] += 1
         return self._use(rows, PLAIN)
 
@@ -161,10 +165,14 @@ class DraftBudget:
             self.level += self.alpha * (ratio - self.level)
         if shape is PLAIN:
             return
-        key = (bucket(rows), shape[1])
-        self.draft_s[key] = draft_s if key not in self.draft_s else self.draft_s[key] + self.alpha * (draft_s - self.draft_s[key])
         if n > 1 and tree.score is not None:
             self._calibrate(tree, acc, greedy)
+        key = (bucket(rows), shape[1])
+        if key not in self.warm:  # a shape's first round pays one-off kernel set-up: not a sample
+            self.warm.add(key)
+            return
+        old = self.draft_s.get(key, draft_s)
+        self.draft_s[key] = old + self.draft_alpha * (draft_s - old)
 
     def _calibrate(self, tree, acc, greedy):
         valid = np.ones(tree.tokens.shape, bool) if tree.valid is None else tree.valid.cpu().numpy()

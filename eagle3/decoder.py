@@ -9,16 +9,18 @@ from pathlib import Path
 
 import torch
 
-from . import heads
+from . import hardware, heads
 from .adopt import as_target
 from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
 from .drafters import DRAFTERS
+from .layers import row_chunks
 from .budget import PLAIN, DraftBudget
 from .profile import load_or_measure
 from .target import Target
 from .tree import root_only
 from .verify import Accepted, greedy, verify_greedy, verify_sampling, warp
+
 
 
 def _is_chat(p):
@@ -116,6 +118,7 @@ class SpeculativeDecoder:
         self.k, self.threshold, self.depth, self.total_tokens = parallel_degree, float(validation_threshold), depth, total_tokens
         self.configured, self.drafter = (parallel_degree, depth, total_tokens), drafter
         self.budget = DraftBudget(self.configured) if adaptive else None
+        self.row_chunk = hardware.row_chunk(self.model)
         self.last_stats = {}
 
     # ------------------------------------------------------------ public API
@@ -221,14 +224,18 @@ class SpeculativeDecoder:
         prompt (continuous batching): speculative rows finish at different rounds, and a batch left to run on with a
         few stragglers would pay most of a full round for each of their tokens."""
         cap = max(map(len, ids)) + max(limits) + self.depth + self.total_tokens + 2
-        batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap, references)
+        batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap, references, self.row_chunk)
         batch.rows.on_tokens = on_tokens
         pick = lambda logits: self._pick(logits, sampling)  # noqa: E731
-        if speculative:
-            self._speculative_rounds(batch, DRAFTERS[self.drafter](self.target, self.head, self.configured), pick,
-                                     sampling, totals)
-        else:
-            self._vanilla_steps(batch, pick)
+        # Large batches run the target's int4 layers as dense GEMMs in fixed row chunks where the device has them
+        # (hardware.row_chunk): chosen per call from its batch size, so a speculative call and its vanilla twin
+        # compute alike.
+        with row_chunks(self.row_chunk if min(batch_size, len(ids)) >= hardware.ROW_CHUNK_FROM else None):
+            if speculative:
+                drafter = DRAFTERS[self.drafter](self.target, self.head, self.configured)
+                self._speculative_rounds(batch, drafter, pick, sampling, totals)
+            else:
+                self._vanilla_steps(batch, pick)
         wall = batch.elapsed()
         rows, out = batch.rows, []
         for s in range(len(ids)):

@@ -1,7 +1,27 @@
 """Building blocks shared by the target and the draft head: a fast-small-batch Linear, RMSNorm, RoPE, attention."""
+import contextlib
+import contextvars
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+# Rows per dense GEMM call in "row-chunk" mode (None: off). See Linear and row_chunks().
+_ROW_CHUNK = contextvars.ContextVar("row_chunk", default=None)
+
+
+@contextlib.contextmanager
+def row_chunks(rows):
+    """Within this block, the target's Linears (`chunkable`) compute with their dense (oneDNN-packed) weight in calls
+    of exactly `rows` rows, the last one padded. oneDNN picks its kernel and blocking by the call's shape, so a row's result then
+    depends only on that row: the same bits whether 1 or 500 rows share the forward, which lossless verification
+    needs. Worth it where dense GEMMs are much faster than the int4 kernel at many rows (AMX: ~10x at 512 rows)."""
+    token = _ROW_CHUNK.set(rows)
+    try:
+        yield
+    finally:
+        _ROW_CHUNK.reset(token)
 
 
 def _can_pack(w: torch.Tensor) -> bool:
@@ -26,6 +46,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._packed = None
         self._int4 = None  # (packed weight, scales_and_zeros, group size)
+        self.chunkable = False  # follows layers.row_chunks (the target's linears)
 
     def pack(self):
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None) if _can_pack(self.weight) else None
@@ -51,6 +72,9 @@ class Linear(nn.Module):
         if torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         x = x.to(self.weight.dtype)  # the residual stream may be wider than the weights (fp32 vs bf16 on a CPU)
+        chunk = _ROW_CHUNK.get()
+        if chunk and self.chunkable and self._packed is not None:
+            return self._chunked(x, chunk)
         if self._int4 is not None:
             packed, sz, group = self._int4
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), packed, group, sz)
@@ -59,6 +83,16 @@ class Linear(nn.Module):
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+    def _chunked(self, x, rows):
+        flat = x.reshape(-1, x.shape[-1])
+        pad = -len(flat) % rows
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad, flat.shape[1])])
+        y = torch.cat([torch.ops.mkldnn._linear_pointwise(c, self._packed, self.bias, "none", [], "")
+                       for c in flat.split(rows)])
+        return y[: len(y) - pad].view(*x.shape[:-1], -1)
 
 
 def int4_supported(w: torch.Tensor) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from . import hardware
+from .layers import row_chunks
 from .target import cache_dir
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -49,7 +50,9 @@ def profile_key(target) -> str:
     w = target.model.embed_tokens.weight
     int4 = any(getattr(m, "_int4", None) is not None for m in target.model.modules())
     params = sum(p.numel() for p in target.model.parameters())
-    return f"{hardware.describe()} | {target.name} ({params} parameters) | {w.dtype} | {w.device} | int4={int4}"
+    chunk = hardware.row_chunk(target.model)
+    return (f"{hardware.describe()} | {target.name} ({params} parameters) | {w.dtype} | {w.device} | int4={int4} | "
+            f"row chunks {chunk} from {hardware.ROW_CHUNK_FROM} rows")
 
 
 def _median_s(fn, reps):
@@ -66,6 +69,7 @@ def _median_s(fn, reps):
 def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3, max_tokens=MAX_TOKENS) -> Profile:
     model, dev = target.model, target.model.embed_tokens.weight.device
     context = min(context, target.max_context - max(nodes) - 1)
+    chunk = hardware.row_chunk(model)
     seconds = []
     for B in rows:
         cache = model.new_cache(B, context + max(nodes))
@@ -78,7 +82,8 @@ def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3, max_tokens=
             toks = torch.randint(0, target.config.vocab_size, (B, N), device=dev)
             pos = (context + torch.arange(N, device=dev)).expand(B, N)
             mask = torch.ones(N, N, dtype=torch.bool, device=dev).tril().expand(B, N, N)  # a chain costs as any tree
-            line.append(_median_s(lambda: model(toks, pos, cache, mask), reps))
+            with row_chunks(chunk if B >= hardware.ROW_CHUNK_FROM else None):  # as the decoder runs B rows
+                line.append(_median_s(lambda: model(toks, pos, cache, mask), reps))
         seconds.append(line)
     return Profile(profile_key(target), list(rows), list(nodes), seconds)
 

@@ -138,6 +138,8 @@ class LlamaModel(nn.Module):
         for m in self.modules():
             if isinstance(m, RMSNorm):
                 m.weight.data = m.weight.data.to(stream)
+            if isinstance(m, Linear):
+                m.chunkable = True  # the target's linears follow layers.row_chunks (a draft head's do not)
         return pack_linears(self)
 
 

@@ -61,9 +61,11 @@ def test_plan_drafts_where_it_pays_and_probes_ever_more_rarely_where_it_does_not
     assert budget.plan(1, True) == (2, 2, 8)  # two sure levels pay at batch 1; deeper ones cost more than they give
     picks = [budget.plan(32, True) for _ in range(600)]  # 32 rows: a level costs 64 ms + 10 ms of drafting
     probes = [i for i, s in enumerate(picks) if s is not PLAIN]
-    assert len(probes) <= 7 and probes[0] == 15
+    assert len(probes) <= 7 and probes[0] == 15 and all(picks[i] == (2, 4, 8) for i in probes)  # every depth
     gaps = np.diff(probes)
     assert (gaps[1:] == 2 * gaps[:-1]).all()  # each probe that loses doubles the wait
+    deeper = [budget.plan(1, True) for _ in range(2 * budget.first_explore)]
+    assert deeper.count((2, 3, 8)) == 2 and deeper.count((2, 2, 8)) == 30  # now and then one level deeper
 
 
 def test_observe_calibrates_acceptance_and_scales_the_profile():
@@ -71,9 +73,12 @@ def test_observe_calibrates_acceptance_and_scales_the_profile():
     tree = chain_tree(2, [0.95, 0.95, 0.95, 0.95])
     path = torch.tensor([[0, 1, 2, 2, 2], [0, 0, 0, 0, 0]])
     acc = Accepted(path, torch.tensor([3, 1]), torch.tensor([5, 5]))  # row 0 took two levels, row 1 none
+    budget.observe((2, 4, 8), tree, acc, True, verify_s=2 * CPU_LIKE.cost(2, 5), draft_s=0.5)  # warm-up: not a sample
+    assert budget.draft_s == {} and budget.tree_extra == pytest.approx(1.1)
+    budget.tree_extra = 1.0
     budget.observe((2, 4, 8), tree, acc, True, verify_s=2 * CPU_LIKE.cost(2, 5), draft_s=0.004)
     cal = budget.calibration[True]
-    assert cal.seen[1:5, 9].tolist() == [2, 2, 2, 2] and cal.hits[1:5, 9].tolist() == [1, 1, 0, 0]
+    assert cal.seen[1:5, 9].tolist() == [4, 4, 4, 4] and cal.hits[1:5, 9].tolist() == [2, 2, 0, 0]
     assert budget.tree_extra == pytest.approx(1.1) and budget.level == 1.0  # 10% of the way to 2x
     plain = from_nodes(torch.zeros(2, dtype=torch.long), [[], []])
     budget.observe(PLAIN, plain, Accepted(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long),

@@ -191,3 +191,41 @@ def test_on_tokens_streams_each_prompts_output_in_order(target, speculative):
     hooked = dec.generate_ids(prompts, max_new_tokens=16, batch_size=3, speculative=speculative, on_tokens=on_tokens)
     assert [r.token_ids for r in hooked] == [r.token_ids for r in plain] == streamed
     assert all(n > 1 for n, r in zip(calls, plain) if len(r.token_ids) > 4)
+
+
+def test_row_chunks_give_each_row_the_same_bits_at_any_row_count():
+    """layers.row_chunks: dense GEMMs in calls of a fixed row count, so a row's result does not depend on how many
+    rows share the forward or where it sits among them."""
+    from eagle3.layers import Linear, row_chunks
+
+    torch.manual_seed(0)
+    lin = Linear(96, 80)
+    lin.weight.data = torch.randn(80, 96, dtype=torch.bfloat16) * 0.1
+    lin.chunkable = True
+    lin.pack()
+    x = torch.randn(70, 96, dtype=torch.bfloat16)
+    with row_chunks(16):
+        full = lin(x)
+        for lo, hi in ((0, 1), (5, 6), (3, 20), (17, 70)):
+            assert torch.equal(lin(x[lo:hi]), full[lo:hi]), (lo, hi)
+    assert torch.allclose(full.float(), lin(x).float(), atol=0.05)  # the same product as without chunks
+
+
+def test_greedy_matches_vanilla_in_row_chunk_mode(monkeypatch):
+    """Batches of hardware.ROW_CHUNK_FROM rows or more (and every prefill) run the int4 layers dense, in row chunks:
+    speculative output stays token-identical to vanilla in that mode too."""
+    from eagle3 import hardware
+    from eagle3.layers import Linear
+
+    target = small_vocab_target(dtype=torch.bfloat16)
+    dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
+    dec.row_chunk = 8  # small, so verify forwards span many chunks
+    calls = []
+    chunked = Linear._chunked
+    monkeypatch.setattr(Linear, "_chunked", lambda self, x, rows: calls.append(rows) or chunked(self, x, rows))
+    prompts = random_prompts(40, target.config.vocab_size, seed=8)
+    batch = hardware.ROW_CHUNK_FROM
+    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=batch)
+    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert dec.last_stats["accept_length"] > 1.15 and calls and set(calls) == {8}
