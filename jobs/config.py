@@ -20,6 +20,9 @@ class Settings:
     queue: str = field(default_factory=lambda: _env("CELERY_QUEUE", "eagle3-batch"))
     # Items a worker decodes together (celery-batches flush_every and SpeculativeDecoder batch_size).
     batch_size: int = field(default_factory=lambda: _env("BATCH_SIZE", 8, int))
+    # Who proposes the draft trees (eagle3/drafters): eagle (the head), suffix (text the job already holds: its
+    # prompts and earlier outputs), or hybrid (both).
+    drafter: str = field(default_factory=lambda: _env("DRAFTER", "eagle"))
     # Seconds a partial batch waits for more items before it is decoded anyway.
     flush_interval: float = field(default_factory=lambda: _env("BATCH_FLUSH_INTERVAL", 0.5, float))
     # Redis redelivers an unacked message after this many seconds. A message can sit unacked for about two batch

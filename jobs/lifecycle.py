@@ -94,6 +94,18 @@ def claim(session: Session, item_ids: list[int], max_attempts: int, owner: str |
     return claimed, gave_up
 
 
+def earlier_outputs(session: Session, job_ids, limit: int = 64) -> dict[uuid.UUID, list[list[int]]]:
+    """Token ids of each job's most recent completed outputs (at most `limit` per job, newest first): text a bulk
+    job's next items often repeat, which the suffix and hybrid drafters draft from (eagle3 `references`)."""
+    out = {}
+    for job_id in job_ids:
+        rows = session.execute(
+            select(ItemResult.output).join(Item).where(Item.job_id == job_id, ItemResult.output.is_not(None))
+            .order_by(ItemResult.created_at.desc()).limit(limit)).scalars()
+        out[job_id] = [o["token_ids"] for o in rows if isinstance(o, dict) and o.get("token_ids")]
+    return out
+
+
 def renew(session: Session, item_ids: list[int], owner: str, lease_s: float) -> int:
     """Lease (or lease again) the unfinished items `owner` holds, unless another worker's lease on one is still
     live. Returns the items leased."""

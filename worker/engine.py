@@ -15,9 +15,14 @@ class Engine:
     """A target and its SpeculativeDecoders, one per (parallel_degree, validation_threshold), all on one version of
     the draft head (eagle3/heads.py): `refresh_head` moves them to a newly installed version between batches."""
 
-    def __init__(self, target_name: str, batch_size: int):
+    def __init__(self, target_name: str, batch_size: int, drafter: str = "eagle"):
         from eagle3 import load_target
+        from eagle3.drafters import DRAFTERS
 
+        if drafter not in DRAFTERS:  # a typo in DRAFTER fails the worker's start, not every batch
+            raise ValueError(f"DRAFTER={drafter!r}: expected one of {', '.join(DRAFTERS)}")
+        self.drafter = drafter
+        self.drafts_from_text = drafter in ("suffix", "hybrid")  # they read the job's earlier outputs
         started = time.perf_counter()
         self.target = load_target(target_name)
         self.chat = tokenizer.load(target_name)  # items -> token ids, exactly as the API counted them
@@ -60,7 +65,8 @@ class Engine:
                 # The version item stats record, explicitly: `current` may name another one by now.
                 draft = head_of_version(self.target, self.head_version)
                 self._decoders[key] = SpeculativeDecoder(self.target, draft=draft, parallel_degree=parallel_degree,
-                                                         validation_threshold=validation_threshold)
+                                                         validation_threshold=validation_threshold,
+                                                         drafter=self.drafter)
             return self._decoders[key]
 
     def warm_up(self, parallel_degree: int = 4, validation_threshold: float = 1.0) -> None:
@@ -82,7 +88,7 @@ def get_engine() -> Engine:
             from jobs.config import get_settings
 
             settings = get_settings()
-            engine = Engine(settings.target, settings.batch_size)
+            engine = Engine(settings.target, settings.batch_size, settings.drafter)
             engine.warm_up()
             _engine = engine
         return _engine

@@ -35,7 +35,11 @@ def process(Session, engine, item_ids: list[int], max_attempts: int, db_retry_s:
     if claimed:
         job_ids = sorted({str(c.job_id) for c in claimed})
         engine.refresh_head()  # a head installed since the last batch is used from this batch on
-        outcomes = decode(engine, claimed, publisher)
+        references = None
+        if engine.drafts_from_text:
+            with Session() as session:
+                references = lifecycle.earlier_outputs(session, {c.job_id for c in claimed})
+        outcomes = decode(engine, claimed, publisher, references)
         written += write_results(Session, outcomes, db_retry_s, owner)
         type_of = {c.id: c.job_type for c in claimed}
         for outcome in outcomes:
@@ -80,9 +84,10 @@ def write_results(Session, outcomes: list[Outcome], retry_s: float, owner: str |
             return write_results(Session, [Outcome(outcomes[0].item_id, error=message)], 0.0, owner)
 
 
-def decode(engine, items: list[Claimed], publisher=None) -> list[Outcome]:
+def decode(engine, items: list[Claimed], publisher=None, references=None) -> list[Outcome]:
     """Items with the same job type, decode params and baseline-sample flag are decoded in one generate() call.
-    A group that raises is retried one item at a time, so one bad item fails alone."""
+    A group that raises is retried one item at a time, so one bad item fails alone. references: {job id: earlier
+    outputs' token ids} for the suffix and hybrid drafters (None: none)."""
     groups: dict[tuple, list[Claimed]] = defaultdict(list)
     for item in items:
         # Stop strings are applied per item after decoding, and streaming is per item: neither splits a batch.
@@ -91,7 +96,8 @@ def decode(engine, items: list[Claimed], publisher=None) -> list[Outcome]:
     outcomes = []
     for group in groups.values():
         try:
-            outcomes += decode_group(engine, group, publisher)
+            refs = [r for job_id in dict.fromkeys(i.job_id for i in group) for r in (references or {}).get(job_id, [])]
+            outcomes += decode_group(engine, group, publisher, refs)
         except Exception as exc:  # noqa: BLE001 - isolate, then record the failure on the item
             metrics.FAILURES.labels("item" if len(group) == 1 else "group").inc()
             if len(group) == 1:
@@ -99,17 +105,18 @@ def decode(engine, items: list[Claimed], publisher=None) -> list[Outcome]:
                 outcomes.append(Outcome(group[0].id, error=f"{exc.__class__.__name__}: {exc}"))
             else:
                 log.warning("a batch of %d failed (%r); decoding its items one by one", len(group), exc)
-                outcomes += [o for item in group for o in decode(engine, [item], publisher)]
+                outcomes += [o for item in group for o in decode(engine, [item], publisher, references)]
     return outcomes
 
 
-def decode_group(engine, group: list[Claimed], publisher=None) -> list[Outcome]:
+def decode_group(engine, group: list[Claimed], publisher=None, references=()) -> list[Outcome]:
     """One generate() call for the group; the job's kind builds each item's input and reads its result."""
     params, kind = group[0].params, kinds.get(group[0].job_type)
     decoder = engine.decoder(params["parallel_degree"], params["validation_threshold"])
     given = [kind.model_input(item, item.options or {}, decoder.score_options) for item in group]
     ids = [engine.chat.encode_messages(g.turns) for g in given]
-    spec = generate(engine, decoder, ids, params, speculative=True, on_tokens=stream_to(engine, group, publisher))
+    spec = generate(engine, decoder, ids, params, speculative=True, on_tokens=stream_to(engine, group, publisher),
+                    references=references)
     base = generate(engine, decoder, ids, params, speculative=False) if group[0].baseline_sample else None
     observe(spec, base)
     outcomes = []
@@ -130,12 +137,13 @@ def stream_to(engine, group: list[Claimed], publisher):
     return lambda i, tokens: publishers[i].add(tokens) if i in publishers else None
 
 
-def generate(engine, decoder, ids: list[list[int]], params: dict, speculative: bool, on_tokens=None):
+def generate(engine, decoder, ids: list[list[int]], params: dict, speculative: bool, on_tokens=None, references=()):
     """decoder.generate_ids over the prompts' token ids; each item's stats get its share of the call's wall time (by
     new tokens), which is what job throughput is computed from, and its prompt length (usage)."""
     results = decoder.generate_ids(ids, max_new_tokens=params["max_new_tokens"], temperature=params["temperature"],
                                    top_p=params["top_p"], top_k=params["top_k"], batch_size=engine.batch_size,
-                                   speculative=speculative, seed=params.get("seed"), on_tokens=on_tokens)
+                                   speculative=speculative, seed=params.get("seed"), references=references,
+                                   on_tokens=on_tokens)
     wall = decoder.last_stats["wall_time_s"]
     total = sum(len(r.token_ids) for r in results)
     out = []
