@@ -5,7 +5,6 @@ import time
 
 import torch
 
-from .layers import row_chunks
 from .target import pad_prompts
 
 
@@ -76,9 +75,9 @@ class LiveBatch:
     next round's tree (or plain step) starts from it. `references`: token lists the drafters may draft from (a
     job's earlier outputs)."""
 
-    def __init__(self, model, prompts, limits, eos, batch_size, cap, references=(), prefill_chunk=None):
+    def __init__(self, model, prompts, limits, eos, batch_size, cap, references=()):
         self.model, self.prompts, self.batch_size, self.cap = model, prompts, batch_size, cap
-        self.references, self.prefill_chunk = list(references), prefill_chunk
+        self.references = list(references)
         self.rows = Rows(limits, eos)
         self.cache = self.root = None
         self.t0 = time.perf_counter()
@@ -112,8 +111,7 @@ class LiveBatch:
         slots = self.rows.admit(self.batch_size - self.size, self.elapsed())
         tokens, lens, pos, causal = pad_prompts([self.prompts[s] for s in slots], self.model.embed_tokens.weight.device)
         new = self.model.new_cache(len(slots), self.cap)
-        with row_chunks(self.prefill_chunk):  # prompts are many rows: dense row chunks where the device has them
-            logits, feats = self.model(tokens, pos, new, causal, logits_at=(lens - 1)[:, None])
+        logits, feats = self.model(tokens, pos, new, causal, logits_at=(lens - 1)[:, None])
         new.lens.copy_(lens)
         first = pick(logits[:, 0])
         self.cache = new if self.cache is None else self.cache.extend(new)

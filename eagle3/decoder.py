@@ -224,12 +224,12 @@ class SpeculativeDecoder:
         prompt (continuous batching): speculative rows finish at different rounds, and a batch left to run on with a
         few stragglers would pay most of a full round for each of their tokens."""
         cap = max(map(len, ids)) + max(limits) + self.depth + self.total_tokens + 2
-        batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap, references, self.row_chunk)
+        batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap, references)
         batch.rows.on_tokens = on_tokens
         pick = lambda logits: self._pick(logits, sampling)  # noqa: E731
         # Large batches run the target's int4 layers as dense GEMMs in fixed row chunks where the device has them
-        # (hardware.row_chunk): chosen per call from its batch size, so a speculative call and its vanilla twin
-        # compute alike.
+        # (hardware.row_chunk), prefills included: chosen per call from its batch size, so a speculative call and its
+        # vanilla twin compute alike.
         with row_chunks(self.row_chunk if min(batch_size, len(ids)) >= hardware.ROW_CHUNK_FROM else None):
             if speculative:
                 drafter = DRAFTERS[self.drafter](self.target, self.head, self.configured)

@@ -63,14 +63,15 @@ def describe() -> str:
             f"flags {' '.join(flags) or '-'}, threads {torch.get_num_threads()}{gpu}")
 
 
-ROW_CHUNK_FROM = 16  # batch sizes from which decode steps use row chunks (prefills always do, where available)
+ROW_CHUNK_FROM = 16  # batch sizes from which a call (its prefills, steps and verify forwards) uses row chunks
 
 
 def row_chunk(model) -> int | None:
     """Rows per dense GEMM call for a model with int4 layers (layers.row_chunks), or None. On CPUs with AMX, oneDNN's
     dense bf16 GEMM beats the int4 kernel ~10x at hundreds of rows and the int4 kernel wins at a few rows
-    (bench/results/row_chunks.md), so prefills and batches of ROW_CHUNK_FROM rows or more run dense in fixed 64-row
-    calls, smaller batches int4. Override with EAGLE3_ROW_CHUNK (rows; 0 = off)."""
+    (bench/results/row_chunks.md), so calls with a batch size of ROW_CHUNK_FROM or more run dense in fixed 64-row
+    calls, smaller batches int4. The dense weight is the int4 values rounded to bf16, so the two modes round
+    differently. Override with EAGLE3_ROW_CHUNK (rows; 0 = off)."""
     if os.environ.get("EAGLE3_ROW_CHUNK"):
         return int(os.environ["EAGLE3_ROW_CHUNK"]) or None
     int4 = any(getattr(m, "_int4", None) is not None for m in model.modules())

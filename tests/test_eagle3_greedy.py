@@ -212,7 +212,7 @@ def test_row_chunks_give_each_row_the_same_bits_at_any_row_count():
 
 
 def test_greedy_matches_vanilla_in_row_chunk_mode(monkeypatch):
-    """Batches of hardware.ROW_CHUNK_FROM rows or more (and every prefill) run the int4 layers dense, in row chunks:
+    """Calls with a batch size of hardware.ROW_CHUNK_FROM or more run the int4 layers dense, in row chunks:
     speculative output stays token-identical to vanilla in that mode too."""
     from eagle3 import hardware
     from eagle3.layers import Linear
