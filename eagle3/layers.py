@@ -47,6 +47,7 @@ class Linear(nn.Module):
         self._packed = None
         self._int4 = None  # (packed weight, scales_and_zeros, group size)
         self.chunkable = False  # follows layers.row_chunks (the target's linears)
+        self.fixed_chunk = None  # rows per call outside row_chunks too (the target's dense lm_head)
 
     def pack(self):
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None) if _can_pack(self.weight) else None
@@ -72,8 +73,8 @@ class Linear(nn.Module):
         if torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         x = x.to(self.weight.dtype)  # the residual stream may be wider than the weights (fp32 vs bf16 on a CPU)
-        chunk = _ROW_CHUNK.get()
-        if chunk and self.chunkable and self._packed is not None:
+        chunk = (_ROW_CHUNK.get() if self.chunkable else None) or self.fixed_chunk
+        if chunk and self._packed is not None:
             return self._chunked(x, chunk)
         if self._int4 is not None:
             packed, sz, group = self._int4

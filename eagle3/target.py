@@ -96,6 +96,9 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+LM_HEAD_ROWS = 16
+
+
 class LlamaModel(nn.Module):
     def __init__(self, c: TargetConfig):
         super().__init__()
@@ -140,6 +143,10 @@ class LlamaModel(nn.Module):
                 m.weight.data = m.weight.data.to(stream)
             if isinstance(m, Linear):
                 m.chunkable = True  # the target's linears follow layers.row_chunks (a draft head's do not)
+        # The dense lm_head always runs in 16-row calls: on AMX CPUs oneDNN's kernel for 1 row rounds differently
+        # from its kernel for many (logits 1 bf16 ulp apart between a plain step and a verify forward), which could
+        # flip a near-tie argmax. 16 rows cost what 1 does there (the weight streaming dominates).
+        self.lm_head.fixed_chunk = LM_HEAD_ROWS
         return pack_linears(self)
 
 
