@@ -80,6 +80,9 @@ class DraftBudget:
         self.waits = {}        # bucket -> [plain rounds since the last tree, plain rounds allowed before a probe]
         self.used = {}         # (bucket, depth or PLAIN) -> rounds, for summaries
         self.trees = 0         # rounds that drafted because it paid
+        # bucket -> running (measured tokens/s of tree rounds) / (what plan predicted for them): the estimates'
+        # own error (calibration lag, costs the profile misses), which would otherwise draft where it loses.
+        self.realism, self.predicted = {}, None
 
     # ------------------------------------------------------------ costs
 
@@ -111,6 +114,8 @@ class DraftBudget:
         plain = rows / self.cost(rows, 1)
         gain = np.maximum.accumulate(self.gain[greedy], 0)  # a deeper draft holds the shallower one's nodes
         rate, d = max((self.best_nodes(rows, gain[d], self.drafting(rows, d))[0], d) for d in range(1, self.depth + 1))
+        self.predicted = rate
+        rate *= self.realism.get(bucket(rows), 1.0)
         since, wait = self.waits.setdefault(bucket(rows), [0, self.first_explore])
         if rate > plain:
             self.waits[bucket(rows)] = [0, self.first_explore]
@@ -167,6 +172,11 @@ class DraftBudget:
             return
         if n > 1 and tree.score is not None:
             self._calibrate(tree, acc, greedy)
+        if self.predicted:  # how the plan's estimate held up, verify and drafting included
+            real = float(acc.length.sum()) / max(verify_s + draft_s, 1e-9) / self.predicted
+            old = self.realism.get(bucket(rows), 1.0)
+            self.realism[bucket(rows)] = old + self.alpha * (real - old)
+            self.predicted = None
         key = (bucket(rows), shape[1])
         if key not in self.warm:  # a shape's first round pays one-off kernel set-up: not a sample
             self.warm.add(key)

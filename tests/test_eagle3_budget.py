@@ -86,3 +86,17 @@ def test_observe_calibrates_acceptance_and_scales_the_profile():
     assert budget.level == pytest.approx(1.2) and budget.cost(2, 5) == pytest.approx(CPU_LIKE.cost(2, 5) * 1.2 * 1.1)
     assert budget.draft_s[(1, 4)] == 0.004
     assert budget.drafting(2, 1) == pytest.approx(0.004 * 2 / 5)  # another depth, scaled by its levels
+
+
+def test_plan_discounts_trees_by_how_their_predictions_held_up():
+    budget = DraftBudget((2, 2, 4), CPU_LIKE)
+    budget.plan(1, True)
+    budget.trim(chain_tree(1, [0.9, 0.8]), True)
+    budget.draft_s[(0, 1)] = budget.draft_s[(0, 2)] = 0.001
+    assert budget.plan(1, True) is not PLAIN
+    tree = chain_tree(1, [0.9, 0.8])
+    for _ in range(40):  # every tree round emits one token in twice the predicted time: drafting does not pay
+        budget.plan(1, True)
+        budget.observe((2, 2, 4), tree, Accepted(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, dtype=torch.long),
+                                                 torch.zeros(1, dtype=torch.long)), True, CPU_LIKE.cost(1, 3), 0.03)
+    assert budget.realism[0] < 0.5 and budget.plan(1, True) is PLAIN
