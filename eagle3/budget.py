@@ -57,6 +57,15 @@ class Calibration:
         np.add.at(self.seen, (d, b), 1)
 
 
+def tree_arrays(tree):
+    """The tree as numpy arrays on the host: valid, score, depth, mask ([B, N], [B, N], [B, N], [B, N, N]); a tree
+    without validity or scores counts every node valid and sure."""
+    shape = tree.tokens.shape
+    valid = np.ones(shape, bool) if tree.valid is None else tree.valid.cpu().numpy()
+    score = np.ones(shape) if tree.score is None else tree.score.double().cpu().numpy()
+    return valid, score, tree.depth.cpu().numpy(), tree.mask.cpu().numpy()
+
+
 def surest(score, valid, mask):
     """Per node, the calibrated chance it is accepted: its own, capped by every ancestor's (numpy [B, N]; root 1,
     padding 0)."""
@@ -135,9 +144,7 @@ class DraftBudget:
     def trim(self, tree, greedy):
         """Keep each row's N - 1 surest nodes, N chosen by expected rate (N = 1: a plain step)."""
         rows = len(tree.tokens)
-        valid = np.ones(tree.tokens.shape, bool) if tree.valid is None else tree.valid.cpu().numpy()
-        score = np.ones(tree.tokens.shape) if tree.score is None else tree.score.double().cpu().numpy()
-        depth, mask = tree.depth.cpu().numpy(), tree.mask.cpu().numpy()
+        valid, score, depth, mask = tree_arrays(tree)
         p = surest(self.calibration[greedy](score, depth), valid, mask)
         self._learn_gain(p, depth, greedy)
         order = np.argsort(-(p[:, 1:] - 1e-6 * depth[:, 1:]), axis=1, kind="stable") + 1  # parents first on ties
@@ -185,14 +192,13 @@ class DraftBudget:
         self.draft_s[key] = old + self.draft_alpha * (draft_s - old)
 
     def _calibrate(self, tree, acc, greedy):
-        valid = np.ones(tree.tokens.shape, bool) if tree.valid is None else tree.valid.cpu().numpy()
+        valid, score, depth, _ = tree_arrays(tree)
         path, length = acc.path.cpu().numpy(), acc.length.cpu().numpy()
         accepted = np.zeros(tree.tokens.shape, bool)
         on_path = np.arange(path.shape[1])[None, :] < length[:, None]
         np.put_along_axis(accepted, np.where(on_path, path, 0), True, 1)  # the padding past a path marks the root
-        valid[:, 0] = False
-        score, depth = tree.score.double().cpu().numpy(), tree.depth.cpu().numpy()
-        self.calibration[greedy].add(score[valid], depth[valid], accepted[valid])
+        drafted = valid & (np.arange(valid.shape[1]) > 0)  # not the root (and not valid itself: it may be the tree's)
+        self.calibration[greedy].add(score[drafted], depth[drafted], accepted[drafted])
 
     def summary(self):
         """{batch-size bucket: {depth or "plain": share of rounds}}, for logs and benchmarks."""

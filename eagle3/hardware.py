@@ -8,6 +8,8 @@ from functools import lru_cache
 
 import torch
 
+from .layers import has_int4
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -74,5 +76,4 @@ def row_chunk(model) -> int | None:
     differently. Override with EAGLE3_ROW_CHUNK (rows; 0 = off)."""
     if os.environ.get("EAGLE3_ROW_CHUNK"):
         return int(os.environ["EAGLE3_ROW_CHUNK"]) or None
-    int4 = any(getattr(m, "_int4", None) is not None for m in model.modules())
-    return 64 if int4 and "amx_bf16" in cpu_flags() else None
+    return 64 if has_int4(model) and "amx_bf16" in cpu_flags() else None

@@ -96,6 +96,11 @@ class Linear(nn.Module):
         return y[: len(y) - pad].view(*x.shape[:-1], -1)
 
 
+def has_int4(model) -> bool:
+    """Whether any Linear of the model runs the int4 kernel."""
+    return any(isinstance(m, Linear) and m._int4 is not None for m in model.modules())
+
+
 def int4_supported(w: torch.Tensor) -> bool:
     """The CPU int4 kernel has a fast path only for bf16 activations (fp32 ones are 10-100x slower)."""
     return w.device.type == "cpu" and w.dtype == torch.bfloat16

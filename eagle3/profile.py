@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from . import hardware
-from .layers import row_chunks
+from .layers import has_int4, row_chunks
 from .target import cache_dir
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -48,7 +48,7 @@ def _interp(x, xs, ys):
 def profile_key(target) -> str:
     """What the cost depends on: the machine, the target (name and size), its dtype and device, int4 layers or not."""
     w = target.model.embed_tokens.weight
-    int4 = any(getattr(m, "_int4", None) is not None for m in target.model.modules())
+    int4 = has_int4(target.model)
     params = sum(p.numel() for p in target.model.parameters())
     chunk = hardware.row_chunk(target.model)
     return (f"{hardware.describe()} | {target.name} ({params} parameters) | {w.dtype} | {w.device} | int4={int4} | "
