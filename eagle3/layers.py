@@ -86,6 +86,16 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+    @torch.no_grad()
+    def row_invariant(self, rows=(1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 33), seed=0) -> bool:
+        """Whether this Linear gives a row the same bits whatever the call's row count: a probe on random inputs,
+        each count's rows against the same rows inside one 64-row call. oneDNN picks its kernel by shape, and on
+        some CPUs (AMX) its 1-row kernel rounds differently from its many-row one; elsewhere every count agrees."""
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(64, self.weight.shape[1], generator=g).to(self.weight)
+        full = self(x)
+        return all(torch.equal(self(x[:n].clone()), full[:n]) for n in rows)
+
     def _chunked(self, x, rows):
         flat = x.reshape(-1, x.shape[-1])
         pad = -len(flat) % rows

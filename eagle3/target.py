@@ -143,11 +143,13 @@ class LlamaModel(nn.Module):
                 m.weight.data = m.weight.data.to(stream)
             if isinstance(m, Linear):
                 m.chunkable = True  # the target's linears follow layers.row_chunks (a draft head's do not)
-        # The dense lm_head always runs in 16-row calls: on AMX CPUs oneDNN's kernel for 1 row rounds differently
-        # from its kernel for many (logits 1 bf16 ulp apart between a plain step and a verify forward), which could
-        # flip a near-tie argmax. 16 rows cost what 1 does there (the weight streaming dominates).
-        self.lm_head.fixed_chunk = LM_HEAD_ROWS
-        return pack_linears(self)
+        pack_linears(self)
+        # On some CPUs (AMX) oneDNN's dense kernel for 1 row rounds differently from its kernel for many (logits 1 bf16
+        # ulp apart between a plain step and a verify forward), which could flip a near-tie argmax: there the lm_head
+        # runs in fixed 16-row calls (which cost what 1 row does on AMX). Elsewhere a 16-row call costs ~1.8x a 1-row
+        # one (AVX-512 EPYC: 3.0 vs 1.7 ms), so the probe decides.
+        self.lm_head.fixed_chunk = None if self.lm_head.row_invariant() else LM_HEAD_ROWS
+        return self
 
 
 def pad_prompts(ids, device):

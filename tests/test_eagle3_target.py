@@ -51,3 +51,28 @@ def test_default_target_is_smollm2(default_target):
     ids = default_target.encode_prompt("Hello")
     assert default_target.decode(ids).strip().endswith("assistant")  # the chat template is applied
     assert default_target.eos_ids == [2]  # <|im_end|>
+
+
+def test_lm_head_gives_each_row_the_same_bits_at_any_row_count(default_target):
+    """Whatever the probe chose (plain calls where the kernel is row-invariant, fixed 16-row calls where not), a
+    token's logits do not depend on how many rows share the lm_head call: a plain step and a verify forward agree."""
+    head = default_target.model.lm_head
+    x = torch.randn(40, head.weight.shape[1], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = head(x)
+        assert all(torch.equal(head(x[:n].clone()), full[:n]) for n in (1, 2, 3, 7, 16, 23))
+
+
+def test_row_invariance_probe_catches_a_kernel_that_depends_on_the_row_count():
+    from eagle3.layers import Linear
+
+    class Drifting(Linear):  # rounds a lone row differently, as oneDNN's 1-row kernel does on AMX CPUs
+        def forward(self, x):
+            y = super().forward(x)
+            return y + 1e-3 if x.reshape(-1, x.shape[-1]).shape[0] == 1 else y
+
+    lin, drifting = Linear(8, 4), Drifting(8, 4)
+    for m in (lin, drifting):
+        torch.nn.init.normal_(m.weight)
+        m.pack()  # as the target's linears are
+    assert lin.row_invariant() and not drifting.row_invariant()
