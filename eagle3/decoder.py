@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import hardware, heads
+from . import compiled, hardware, heads
 from .adopt import as_target
 from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
@@ -119,6 +119,7 @@ class SpeculativeDecoder:
         self.configured, self.drafter = (parallel_degree, depth, total_tokens), drafter
         self.budget = DraftBudget(self.configured) if adaptive else None
         self.row_chunk = hardware.row_chunk(self.model)
+        self.compiled = compiled.available(self.model)
         self.last_stats = {}
 
     # ------------------------------------------------------------ public API
@@ -230,7 +231,9 @@ class SpeculativeDecoder:
         # Large batches run the target's int4 layers as dense GEMMs in fixed row chunks where the device has them
         # (hardware.row_chunk), prefills included: chosen per call from its batch size, so a speculative call and its
         # vanilla twin compute alike.
-        with row_chunks(self.row_chunk if min(batch_size, len(ids)) >= hardware.ROW_CHUNK_FROM else None):
+        # Decode and verify forwards run compiled (eagle3/compiled.py) unless the call uses row chunks.
+        chunk = self.row_chunk if min(batch_size, len(ids)) >= hardware.ROW_CHUNK_FROM else None
+        with row_chunks(chunk), compiled.compiled_steps(self.compiled and chunk is None):
             if speculative:
                 drafter = DRAFTERS[self.drafter](self.target, self.head, self.configured)
                 self._speculative_rounds(batch, drafter, pick, sampling, totals)

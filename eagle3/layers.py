@@ -73,7 +73,9 @@ class Linear(nn.Module):
         if torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         x = x.to(self.weight.dtype)  # the residual stream may be wider than the weights (fp32 vs bf16 on a CPU)
-        chunk = (_ROW_CHUNK.get() if self.chunkable else None) or self.fixed_chunk
+        chunk = None
+        if not torch.compiler.is_compiling():  # compiled steps (eagle3/compiled.py) run only where chunks are off
+            chunk = (_ROW_CHUNK.get() if self.chunkable else None) or self.fixed_chunk
         if chunk and self._packed is not None:
             return self._chunked(x, chunk)
         if self._int4 is not None:
@@ -81,7 +83,7 @@ class Linear(nn.Module):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), packed, group, sz)
             y = y.view(*x.shape[:-1], -1)
             return y if self.bias is None else y + self.bias
-        if self._packed is not None:
+        if self._packed is not None and not torch.compiler.is_compiling():  # opaque to the compiler
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from . import hardware
+from . import compiled
+from .compiled import compiled_steps
 from .layers import has_int4, row_chunks
 from .target import cache_dir
 
@@ -46,13 +48,14 @@ def _interp(x, xs, ys):
 
 
 def profile_key(target) -> str:
-    """What the cost depends on: the machine, the target (name and size), its dtype and device, int4 layers or not."""
+    """What the cost depends on: the machine, the target (name and size), its dtype and device, int4 layers or not,
+    row chunks and compiled steps."""
     w = target.model.embed_tokens.weight
     int4 = has_int4(target.model)
     params = sum(p.numel() for p in target.model.parameters())
     chunk = hardware.row_chunk(target.model)
     return (f"{hardware.describe()} | {target.name} ({params} parameters) | {w.dtype} | {w.device} | int4={int4} | "
-            f"row chunks {chunk} from {hardware.ROW_CHUNK_FROM} rows")
+            f"row chunks {chunk} from {hardware.ROW_CHUNK_FROM} rows | compiled steps {compiled.available(target.model)}")
 
 
 def _median_s(fn, reps):
@@ -69,7 +72,7 @@ def _median_s(fn, reps):
 def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3, max_tokens=MAX_TOKENS) -> Profile:
     model, dev = target.model, target.model.embed_tokens.weight.device
     context = min(context, target.max_context - max(nodes) - 1)
-    chunk = hardware.row_chunk(model)
+    chunk, steps = hardware.row_chunk(model), compiled.available(model)
     seconds = []
     for B in rows:
         cache = model.new_cache(B, context + max(nodes))
@@ -82,7 +85,8 @@ def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3, max_tokens=
             toks = torch.randint(0, target.config.vocab_size, (B, N), device=dev)
             pos = (context + torch.arange(N, device=dev)).expand(B, N)
             mask = torch.ones(N, N, dtype=torch.bool, device=dev).tril().expand(B, N, N)  # a chain costs as any tree
-            with row_chunks(chunk if B >= hardware.ROW_CHUNK_FROM else None):  # as the decoder runs B rows
+            chunked = chunk if B >= hardware.ROW_CHUNK_FROM else None
+            with row_chunks(chunked), compiled_steps(steps and chunked is None):  # as the decoder runs B rows
                 line.append(_median_s(lambda: model(toks, pos, cache, mask), reps))
         seconds.append(line)
     return Profile(profile_key(target), list(rows), list(nodes), seconds)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from . import compiled
 from .hardware import default_dtype, parse_dtype
 from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, int4_supported,
                      pack_linears, rotate, stream_dtype)
@@ -71,19 +71,32 @@ class Attention(nn.Module):
         self.qkv = Linear(c.hidden_size, (self.hq + 2 * self.hkv) * self.d, bias=c.attention_bias)
         self.o_proj = Linear(self.hq * self.d, c.hidden_size)
 
-    def forward(self, x, rope, cache, layer, slots, mask):
-        """rope: (cos, sin) of this forward's positions, in the cache's dtype (Rope.table)."""
+    def heads(self, x, rope):
+        """q, k, v [B, H, T, D] of the normed input, rotated, in rope's dtype: attention runs in the cache's dtype
+        (layers.cache_dtype: float64 on a CPU with bf16 weights); rope: (cos, sin) from Rope.table."""
         B, T, _ = x.shape
-        # Attention runs in the cache's dtype (layers.cache_dtype: float64 on a CPU with bf16 weights).
-        heads = self.qkv(x).to(cache.dtype).view(B, T, self.hq + 2 * self.hkv, self.d).transpose(1, 2)
+        heads = self.qkv(x).to(rope[0].dtype).view(B, T, self.hq + 2 * self.hkv, self.d).transpose(1, 2)
         qk = rotate(heads[:, : self.hq + self.hkv], *rope)  # q and k heads rotated in one go
-        q, k, v = qk[:, : self.hq], qk[:, self.hq:], heads[:, self.hq + self.hkv:]
-        cache.write(layer, k, v, slots)
-        kk, vv = cache.view(layer, mask.shape[-1])
-        return self.o_proj(attend(q, kk, vv, mask).transpose(1, 2).reshape(B, T, -1))
+        return qk[:, : self.hq], qk[:, self.hq:], heads[:, self.hq + self.hkv:]
+
+    def output(self, a):
+        """o_proj of attend's output [B, Hq, T, D]."""
+        B, _, T, _ = a.shape
+        return self.o_proj(a.transpose(1, 2).reshape(B, T, -1))
+
+
+def attend_cached(q, k, v, cache, layer, slots, mask):
+    """Write this forward's k/v into the cache and attend over the row's keys so far (mask: attention_mask)."""
+    cache.write(layer, k, v, slots)
+    kk, vv = cache.view(layer, mask.shape[-1])
+    return attend(q, kk, vv, mask)
 
 
 class Block(nn.Module):
+    """A decoder layer as begin (norm, q/k/v, rope) -> attend_cached -> finish (o_proj, residual, MLP, residual):
+    begin and finish are pure tensor work, which eagle3/compiled.py compiles; attention over the growing cache stays
+    eager, so a compiled piece's shapes depend on the new tokens only, never on the context length."""
+
     def __init__(self, c: TargetConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -91,9 +104,15 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c.hidden_size, c.intermediate_size, fused=True)
 
-    def forward(self, x, rope, cache, layer, slots, mask):
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, slots, mask)
+    def begin(self, x, rope):
+        return self.self_attn.heads(self.input_layernorm(x), rope)
+
+    def finish(self, x, a):
+        x = x + self.self_attn.output(a)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward(self, x, rope, cache, layer, slots, mask):
+        return self.finish(x, attend_cached(*self.begin(x, rope), cache, layer, slots, mask))
 
 
 LM_HEAD_ROWS = 16
@@ -120,18 +139,28 @@ class LlamaModel(nn.Module):
         Writes K/V at slots cache.lens + 0..T-1 (does not commit). Returns (logits, features): logits [B, T', V] at
         the positions `logits_at` [B, T'] (all T when None), features [B, T, 3*hidden]."""
         T = tokens.shape[1]
-        slots = cache.slots(0, T)
-        mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + T)
+        steps = compiled.EAGER if logits_at is not None else compiled.steps(tokens.shape)  # prefills: eager
+        if steps is not compiled.EAGER:  # static shapes: pad the new tokens to the compiled bucket
+            tokens, positions, tree_mask = compiled.pad(tokens, positions, tree_mask, steps.tokens)
+        slots = cache.slots(0, tokens.shape[1])
+        mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + tokens.shape[1])
         # The residual stream and norms run in fp32 on a CPU even with bf16 weights (layers.stream_dtype).
         x = self.embed_tokens(tokens).to(self.norm.weight.dtype)
         rope = self.rope.table(positions, cache.dtype)
-        wanted, seen = self.config.feature_layers, {}
-        for i, layer in enumerate(self.layers):
+        wanted, seen, layers = self.config.feature_layers, {}, self.layers
+        heads = steps.begin(layers[0], x, rope)
+        for i, layer in enumerate(layers):
             if i in wanted:
                 seen[i] = x
-            x = layer(x, rope, cache, i, slots, mask)
-        feats = torch.cat([seen[i] for i in wanted], -1)
-        if logits_at is not None:
+            a = attend_cached(*heads, cache, i, slots, mask)
+            if i + 1 < len(layers):
+                x, heads = steps.finish_begin(layer, layers[i + 1], x, a, rope)
+            else:
+                x = steps.finish(layer, x, a)
+        feats = torch.cat([seen[i] for i in wanted], -1)[:, :T]
+        if logits_at is None:
+            x = x[:, :T]
+        else:
             x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
         return self.lm_head(self.norm(x)), feats
 

@@ -1,11 +1,14 @@
 """Small random targets for the decoder tests (float64, so fp rounding never flips an argmax)."""
+import random
 import shutil
 
 import torch
 
 from eagle3 import SpeculativeDecoder
+from eagle3.budget import PLAIN, DraftBudget
 from eagle3.draft import Eagle3Head, HeadConfig
 from eagle3.quant import quantize_layers_q4
+from eagle3.tree import prune
 from eagle3.target import ByteTokenizer, Target, _default_model_dir, random_model, tiny_config
 
 
@@ -50,3 +53,23 @@ def save_random_hf(kind, path):
     for f in [*source.glob("tokenizer*"), *source.glob("chat_template*")]:
         shutil.copy(f, path)
     return model
+
+
+class ScriptedBudget(DraftBudget):
+    """Switches between plain steps, every draft depth and every trimmed size in a fixed pseudo-random order: the
+    worst case for the head's catch-up after plain steps and for trees cut down to a few nodes."""
+
+    def __init__(self, configured, seed=0):
+        super().__init__(configured)
+        self.rng = random.Random(seed)
+        self.shapes = []
+
+    def plan(self, rows, greedy):
+        d = self.rng.choice([PLAIN, PLAIN, *range(1, self.depth + 1)])
+        self.shapes.append(d)
+        return PLAIN if d is PLAIN else (self.k, d, self.total)
+
+    def trim(self, tree, greedy):
+        n = self.rng.randint(1, tree.size)
+        keep = torch.arange(n).expand(len(tree.tokens), n)  # node order keeps parents first: a closed subset
+        return prune(tree, keep)

@@ -1,14 +1,12 @@
 """Greedy speculative decoding is token-identical to vanilla greedy decoding of the same target."""
-import random
 
 import pytest
 import torch
 
 from eagle3 import SpeculativeDecoder, load_target
-from eagle3.budget import PLAIN, DraftBudget
+from eagle3.budget import PLAIN
 from eagle3.profile import Profile
-from eagle3.tree import prune
-from eagle3_helpers import decoder_for, random_prompts, small_vocab_target
+from eagle3_helpers import ScriptedBudget, decoder_for, random_prompts, small_vocab_target
 
 TREES = [dict(parallel_degree=1, depth=1, total_tokens=2), dict(parallel_degree=2, depth=3, total_tokens=6),
          dict(parallel_degree=4, depth=5, total_tokens=16), dict(parallel_degree=3, depth=6, total_tokens=30)]
@@ -59,26 +57,6 @@ def test_full_tree_accepts_every_level(target):
     assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
     assert dec.last_stats["accept_length"] == 3.0
     assert all(r.stats["rounds"] == 10 for r in spec)  # 1 token from prefill + 10 rounds x 3
-
-
-class ScriptedBudget(DraftBudget):
-    """Switches between plain steps, every draft depth and every trimmed size in a fixed pseudo-random order: the
-    worst case for the head's catch-up after plain steps and for trees cut down to a few nodes."""
-
-    def __init__(self, configured, seed=0):
-        super().__init__(configured)
-        self.rng = random.Random(seed)
-        self.shapes = []
-
-    def plan(self, rows, greedy):
-        d = self.rng.choice([PLAIN, PLAIN, *range(1, self.depth + 1)])
-        self.shapes.append(d)
-        return PLAIN if d is PLAIN else (self.k, d, self.total)
-
-    def trim(self, tree, greedy):
-        n = self.rng.randint(1, tree.size)
-        keep = torch.arange(n).expand(len(tree.tokens), n)  # node order keeps parents first: a closed subset
-        return prune(tree, keep)
 
 
 def test_switching_between_plain_steps_and_trees_stays_lossless(target):

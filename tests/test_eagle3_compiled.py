@@ -1,0 +1,127 @@
+"""Compiled decode steps (eagle3/compiled.py): the same losslessness as eager steps, and the switch that picks them."""
+import pytest
+import torch
+
+from eagle3 import SpeculativeDecoder, compiled, load_target
+from eagle3.profile import Profile
+from eagle3_helpers import ScriptedBudget, decoder_for, random_prompts, small_vocab_target
+
+
+@pytest.fixture(scope="module")
+def int4_target():
+    return small_vocab_target(dtype=torch.bfloat16)  # int4 layers: compiled steps are on for it
+
+
+def _forward(model, cache, toks, start):
+    T = toks.shape[1]
+    pos = start + torch.arange(T)[None]
+    return model(toks, pos, cache, torch.ones(T, T, dtype=torch.bool).tril()[None])[0][0]
+
+
+def test_a_row_gets_the_same_bits_in_every_bucket(int4_target):
+    """One token per forward (bucket 1) and chains of 3, 6 and 12 (padded to buckets 4, 8 and 16) give each token
+    the same logits, bit for bit: the condition for a verify forward to accept exactly what plain steps emit."""
+    model = int4_target.model
+    prompt = torch.randint(0, 8, (1, 20), generator=torch.Generator().manual_seed(0))
+    toks = torch.randint(0, 8, (1, 12), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(1, 64)
+    with torch.no_grad(), compiled.compiled_steps():
+        model(prompt, torch.arange(20)[None], cache, torch.ones(20, 20, dtype=torch.bool).tril()[None])
+        cache.lens[:] = 20
+        steps = []
+        for j in range(12):
+            steps.append(_forward(model, cache, toks[:, j: j + 1], int(cache.lens))[0])
+            cache.lens += 1
+        cache.lens[:] = 20
+        for T in (3, 6, 12):
+            assert compiled.steps((1, T)).tokens in (4, 8, 16)
+            assert torch.equal(_forward(model, cache, toks[:, :T], 20), torch.stack(steps[:T]))
+
+
+def test_padding_leaves_the_real_tokens_alone():
+    """pad(): extra tokens see only themselves and come after the real ones, so the real tokens' logits are those of
+    the unpadded forward (float64 target, eager: exact to rounding)."""
+    model = small_vocab_target().model
+    toks, T = torch.tensor([[1, 5, 2, 7, 3]]), 5
+    pos = torch.arange(T)[None]
+    tree = torch.tensor([[[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]]],
+                        dtype=torch.bool)
+    ref = model(toks, pos, model.new_cache(1, 16), tree)[0]
+    padded = compiled.pad(toks, pos, tree, 8)
+    assert padded[0].shape == (1, 8) and padded[2][0, 5:, :5].sum() == 0 and padded[2][0, :5, 5:].sum() == 0
+    out = model(*padded[:2], model.new_cache(1, 16), padded[2])[0]
+    assert torch.allclose(out[:, :T], ref, atol=1e-12)
+
+
+def test_a_row_gets_the_same_bits_at_any_batch_size(int4_target):
+    """Batch 1 has its own graphs and 2+ rows share dynamic-batch ones: a row's logits are the same bits in both."""
+    model = int4_target.model
+    g = torch.Generator().manual_seed(2)
+    prompts, toks = torch.randint(0, 8, (3, 16), generator=g), torch.randint(0, 8, (3, 4), generator=g)
+    out = {}
+    with torch.no_grad(), compiled.compiled_steps():
+        for B in (1, 2, 3):
+            cache = model.new_cache(B, 32)
+            model(prompts[:B], torch.arange(16).expand(B, 16), cache,
+                  torch.ones(16, 16, dtype=torch.bool).tril().expand(B, 16, 16))
+            cache.lens[:] = 16
+            out[B] = model(toks[:B], (16 + torch.arange(4)).expand(B, 4), cache,
+                           torch.ones(4, 4, dtype=torch.bool).tril().expand(B, 4, 4))[0]
+    assert torch.equal(out[1][0], out[3][0]) and torch.equal(out[2], out[3][:2])
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "suffix"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_speculation_in_compiled_steps_matches_vanilla(int4_target, drafter, batch, monkeypatch):
+    """Speculative calls and vanilla ones run compiled steps (the budget switches between plain steps and trees
+    trimmed to every size, so every bucket and its padding are used) and emit the same tokens, at any batch size."""
+    used = []
+    real = compiled.steps
+    monkeypatch.setattr(compiled, "steps", lambda shape: used.append(real(shape).tokens) or real(shape))
+    dec = decoder_for(int4_target, adaptive=True, parallel_degree=4, depth=5, total_tokens=16, drafter=drafter)
+    dec.budget = ScriptedBudget(dec.configured)
+    dec.budget.profile = Profile("flat", [1], [1], [[1.0]])
+    prompts = random_prompts(12, 8, seed=5)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
+    assert set(used) >= {1}
+    used.clear()
+    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert dec.last_stats["accept_length"] > 1.15 and len({b for b in used if b}) >= 2
+
+
+def test_compiled_steps_are_chosen_per_call_and_can_be_switched_off(int4_target, monkeypatch):
+    assert compiled.available(int4_target.model)
+    assert not compiled.available(small_vocab_target().model)  # fp64 on a CPU: no int4, the eager path
+    monkeypatch.setenv("EAGLE3_COMPILE", "0")
+    assert not compiled.available(int4_target.model)
+    assert compiled.steps((1, 1)) is compiled.EAGER  # outside compiled_steps()
+    with compiled.compiled_steps():
+        assert compiled.steps((1, 17)) is compiled.EAGER  # longer than the last bucket (a prefill)
+        assert compiled.steps((1, 5)).tokens == 8
+
+
+def test_prefills_stay_eager(int4_target, monkeypatch):
+    """A prompt's forward (logits_at given) never runs compiled: its bits must not depend on the prompts it was
+    padded with."""
+    used = []
+    monkeypatch.setattr(compiled, "steps", lambda shape: used.append(shape) or compiled.EAGER)
+    model = int4_target.model
+    with compiled.compiled_steps():
+        model(torch.tensor([[1, 2, 3]]), torch.arange(3)[None], model.new_cache(1, 8),
+              torch.ones(3, 3, dtype=torch.bool).tril()[None], logits_at=torch.tensor([[2]]))
+        assert used == []
+        model(torch.tensor([[1]]), torch.tensor([[0]]), model.new_cache(1, 8), torch.ones(1, 1, 1, dtype=torch.bool))
+        assert used == [(1, 1)]
+
+
+def test_default_target_is_lossless_in_compiled_steps():
+    target = load_target()
+    dec = SpeculativeDecoder(target, adaptive=False, total_tokens=6, depth=4)
+    dec.compiled = True  # as on a CPU with bf16 (int4 layers); an fp32 engine's compiled linears are plain GEMMs
+    prompts = ["Name three colours.", "What is the capital of France? Answer in one sentence."]
+    vanilla = dec.generate(prompts, 32, batch_size=1, speculative=False)
+    for batch in (1, 2):
+        spec = dec.generate(prompts, 32, batch_size=batch)
+        assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert dec.last_stats["accept_length"] > 1.3
