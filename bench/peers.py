@@ -14,7 +14,8 @@ decodes the full length, as llama-batched-bench does):
   (timed separately with one new token).
 - at B = 1 also llama-bench's tg (decoding from an empty context, llama.cpp's headline number).
 The engine decodes held-out chat prompts; EAGLE-3 is the worker's default decoder (adaptive), warmed up first on
-other prompts as a long-running worker is."""
+other prompts as a long-running worker is. `--eager` adds the engine with compiled steps off (eagle3/compiled.py),
+vanilla and EAGLE-3, in the same alternation."""
 import argparse
 import json
 import statistics
@@ -47,8 +48,10 @@ def llama_tg(bin_dir, gguf, new_tokens, threads):
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["avg_ts"]
 
 
-def engine_decode(dec, prompts, batch, new_tokens, speculative):
-    """Decode tok/s of one generate() call over `prompts` at `batch`: its wall time minus its prefill's."""
+def engine_decode(dec, prompts, batch, new_tokens, speculative, compiled):
+    """Decode tok/s of one generate() call over `prompts` at `batch`: its wall time minus its prefill's.
+    compiled: whether the call runs compiled steps (eagle3/compiled.py)."""
+    dec.compiled = compiled
     t = time.perf_counter()
     dec.generate(prompts, max_new_tokens=1, batch_size=batch, speculative=False)
     prefill = time.perf_counter() - t
@@ -66,6 +69,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "peers.md"))
+    ap.add_argument("--eager", action="store_true", help="also the engine with compiled steps off")
     a = ap.parse_args()
     threads = torch.get_num_threads()
     machine = hardware.describe()
@@ -73,6 +77,7 @@ def main():
     target = load_target()
     target.eos_ids = []  # every row decodes the full length, as llama-batched-bench's sequences do
     dec = SpeculativeDecoder(target)
+    compiled = dec.compiled  # where this engine can run them
     gguf = default_gguf()
     prompts = [p["prompt"] for p in heldout_prompts()]
     prompt_len = round(statistics.mean(target.count_tokens(p) for p in prompts[:32]))
@@ -83,20 +88,25 @@ def main():
         warm = [p["prompt"] for p in training_prompts(2 * batch)[-batch:]]
         dec.generate(warm, max_new_tokens=32, batch_size=batch)  # warm the draft budget, as a running worker is
         got = {"llama.cpp": [], "engine vanilla": [], "engine EAGLE-3": []}
+        if a.eager:
+            got.update({"vanilla, eager steps": [], "EAGLE-3, eager steps": []})
         taus = []
         for rep in range(a.reps):  # alternated: one of each per repetition
             got["llama.cpp"].append(llama_batched(a.llama_bin, gguf, batch, prompt_len, a.max_new_tokens, threads))
-            got["engine vanilla"].append(engine_decode(dec, ps, batch, a.max_new_tokens, False)[0])
-            tps, tau = engine_decode(dec, ps, batch, a.max_new_tokens, True)
+            got["engine vanilla"].append(engine_decode(dec, ps, batch, a.max_new_tokens, False, compiled)[0])
+            tps, tau = engine_decode(dec, ps, batch, a.max_new_tokens, True, compiled)
             got["engine EAGLE-3"].append(tps)
             taus.append(tau)
+            if a.eager:
+                got["vanilla, eager steps"].append(engine_decode(dec, ps, batch, a.max_new_tokens, False, False)[0])
+                got["EAGLE-3, eager steps"].append(engine_decode(dec, ps, batch, a.max_new_tokens, True, False)[0])
             print(f"batch {batch} rep {rep}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in got.items()), flush=True)
         med = {k: statistics.median(v) for k, v in got.items()}
         rows.append((batch, med, statistics.median(taus)))
-    write(a.out, machine, target, prompt_len, a, tg, rows)
+    write(a.out, machine, target, prompt_len, a, tg, rows, compiled)
 
 
-def write(path, machine, target, prompt_len, a, tg, rows):
+def write(path, machine, target, prompt_len, a, tg, rows, compiled):
     dtype = str(target.model.embed_tokens.weight.dtype).removeprefix("torch.")
     int4 = target.model.layers[0].mlp.down_proj._int4 is not None
     lines = [f"# Peers: llama.cpp vs this engine on the same GGUF ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
@@ -109,6 +119,13 @@ def write(path, machine, target, prompt_len, a, tg, rows):
     for batch, m, tau in rows:
         l, v, e = m["llama.cpp"], m["engine vanilla"], m["engine EAGLE-3"]
         lines.append(f"| {batch} | {l:.1f} | {v:.1f} | {e:.1f} | {tau:.2f} | {v / l:.2f}x | {e / l:.2f}x | {e / v:.2f}x |")
+    if "vanilla, eager steps" in rows[0][1]:
+        lines += ["", f"Compiled steps ({'on' if compiled else 'not available here'}) against eager steps, "
+                  "same run:", "", "| batch | vanilla eager | vanilla compiled | compiled / eager | EAGLE-3 eager | "
+                  "EAGLE-3 compiled | compiled / eager |", "|---|---|---|---|---|---|---|"]
+        for batch, m, _ in rows:
+            ve, vc, ee, ec = m["vanilla, eager steps"], m["engine vanilla"], m["EAGLE-3, eager steps"], m["engine EAGLE-3"]
+            lines.append(f"| {batch} | {ve:.1f} | {vc:.1f} | {vc / ve:.2f}x | {ee:.1f} | {ec:.1f} | {ec / ee:.2f}x |")
     Path(path).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

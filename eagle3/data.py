@@ -75,9 +75,11 @@ def prompt_chars(prompt):
     return len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
 
 
-def answer_shard(target, prompts, path, max_new_tokens, batch_size, sample_rows, temperatures, generator, bar=None):
+def answer_shard(target, prompts, path, max_new_tokens, batch_size, sample_rows, temperatures, generator, bar=None,
+                 features=True):
     """Answer `prompts` and save them as one shard at `path` (atomically: an interrupted shard is redone, never
-    half-read). sample_rows / temperatures: per prompt."""
+    half-read). sample_rows / temperatures: per prompt. features=False keeps only the token ids, prompt length and
+    temperature of each answer (a few KB, small enough to commit); `featurize` recomputes the rest."""
     order = sorted(range(len(prompts)), key=lambda i: prompt_chars(prompts[i]))  # similar lengths: less padding
     seqs = [None] * len(prompts)
     for i in range(0, len(order), batch_size):
@@ -85,7 +87,7 @@ def answer_shard(target, prompts, path, max_new_tokens, batch_size, sample_rows,
         answers = answer_batch(target, [prompts[j] for j in idx], max_new_tokens, [sample_rows[j] for j in idx],
                                [temperatures[j] for j in idx], generator)
         for j, r in zip(idx, answers):
-            seqs[j] = r
+            seqs[j] = r if features else {k: r[k] for k in ("tokens", "prompt_len", "temperature")}
         if bar is not None:
             bar.update(len(idx))
             bar.set_postfix(tokens=sum(len(x["tokens"]) for x in seqs if x is not None))
@@ -117,10 +119,49 @@ def generate_dataset(target, prompts, out_dir, max_new_tokens=160, batch_size=16
                                                        temperature=temperature, feature_layers=target.config.feature_layers)))
 
 
-def load_dataset(data_dir):
+@torch.no_grad()
+def featurize(target, seqs, max_tokens=2048):
+    """Add `feats` and `labels` (as answer_batch returns them) to token-only records: one prefill per sequence, in
+    batches of about max_tokens padded tokens. A prefill computes every position's features and argmax at once, so
+    the features cost a fraction of the decode that made the answer."""
+    model, dev = target.model, target.device
+    out = [dict(s) for s in seqs]
+    order = sorted(range(len(out)), key=lambda i: len(out[i]["tokens"]))
+    i = 0
+    while i < len(order):
+        L = len(out[order[i]]["tokens"])
+        n = 1
+        while i + n < len(order) and (n + 1) * len(out[order[i + n]]["tokens"]) <= max_tokens:
+            n += 1
+        idx = order[i: i + n]
+        tokens, lens, pos, mask = pad_prompts([out[j]["tokens"].tolist() for j in idx], dev)
+        logits, feats = model(tokens, pos, model.new_cache(len(idx), tokens.shape[1]), mask)
+        greedy = logits.float().argmax(-1)
+        for r, j in enumerate(idx):
+            L, p = int(lens[r]), out[j]["prompt_len"]
+            labels = greedy[r, : L - 1].to(torch.int32).cpu()
+            labels[: p - 1] = -1  # no loss inside the prompt, as answer_batch marks it
+            out[j].update(feats=feats[r, : L - 1].half().cpu(), labels=labels)
+        i += n
+    return out
+
+
+def load_dataset(data_dir, target=None):
     """Every shard's records. Memory-mapped: tensors are read from disk when used, so a data set larger than RAM
-    (tens of GB of features for tens of thousands of long prompts) can still be trained on."""
+    (tens of GB of features for tens of thousands of long prompts) can still be trained on. Token-only shards (see
+    answer_shard) get their features from `target` once, cached under data_dir/features/ (never committed)."""
     seqs = []
     for f in sorted(Path(data_dir).glob("shard_*.pt")):
-        seqs.extend(torch.load(f, weights_only=True, mmap=True))
+        records = torch.load(f, weights_only=True, mmap=True)
+        if records and "feats" not in records[0]:
+            cached = Path(data_dir) / "features" / f.name
+            if not cached.exists():
+                if target is None:
+                    raise ValueError(f"{f} holds token ids only: pass the target to compute its features")
+                cached.parent.mkdir(exist_ok=True)
+                tmp = cached.with_suffix(".tmp")
+                torch.save(featurize(target, records), tmp)
+                tmp.rename(cached)
+            records = torch.load(cached, weights_only=True, mmap=True)
+        seqs.extend(records)
     return seqs

@@ -10,7 +10,11 @@ drawn per row from `--temperature LO HI`. After each shard, the `chat` source tu
 multi-turn chats (the exchange + a follow-up request; shard_00000_chat.pt, prompts in shard_00000_chat.jsonl), so
 chats are there from the first shard on. Every shard is written atomically and its rows' sampling is seeded by the
 shard, so the process can be killed at any time: a re-run with the same settings skips finished shards and produces
-the same data. meta.json is written first, so eagle3.train can train on whatever shards exist."""
+the same data. meta.json is written first, so eagle3.train can train on whatever shards exist.
+
+Shards hold token ids only (prompt and answer, its prompt length and temperature: a few KB per answer, so a data set
+of 20,000 answers can be committed and grown across sessions); eagle3.train computes the target's features from
+them with one prefill per answer (eagle3/data.py `featurize`), cached beside the shards in features/."""
 import argparse
 import itertools
 import json
@@ -118,7 +122,7 @@ class Run:
         temps = [round(rng.uniform(*self.s["temperature"]), 2) for _ in prompts]
         gen = torch.Generator(device=self.target.device).manual_seed(self.s["seed"] * 1_000_003 + k)
         return answer_shard(self.target, prompts, path, self.s["max_new_tokens"], self.s["batch_size"], rows, temps,
-                            gen, self.bar)
+                            gen, self.bar, features=False)
 
 
 def generate(target, out, settings):

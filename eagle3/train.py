@@ -421,7 +421,7 @@ def main(argv=None):
         else:
             prompts = [p["prompt"] for p in training_prompts(a.skip_prompts + a.prompts)[a.skip_prompts:]]
         generate_dataset(target, prompts, data, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch)
-    seqs = load_dataset(data)
+    seqs = load_dataset(data, target)
     print(f"{len(seqs)} sequences, {sum(len(s['tokens']) for s in seqs)} tokens", flush=True)
     train(target, seqs, a.out, draft_vocab=a.draft_vocab, epochs=a.epochs, max_tokens=a.max_tokens, lr=a.lr,
           ttt_steps=a.ttt_steps, init_from=a.init_from, eagle31=a.eagle31, loss=a.loss, val_frac=a.val_frac)

@@ -78,7 +78,7 @@ def test_chats_manifest_and_training(target, tmp_path):
     chats = [json.loads(line) for f in sorted(out.glob("*_chat.jsonl")) for line in f.read_text().splitlines()]
     assert manifest["sources"] == {"stdlib": len(rows), "chat": len(chats)} == {"stdlib": 4, "chat": 4}
     assert all(c[-2]["role"] == "assistant" and c[-1]["role"] == "user" for c in chats)
-    seqs = load_dataset(out)
+    seqs = load_dataset(out, target)
     assert len(seqs) == manifest["prompts"] == 8
     text_shards = [r for f in sorted(out.glob("shard_?????.pt")) for r in torch.load(f, weights_only=True)]
     assert manifest["prompt_tokens"] == sum(r["prompt_len"] for r in text_shards) == sum(
@@ -105,3 +105,22 @@ def test_dry_run_writes_only_the_plan(tmp_path, capsys):
 
 def test_spread():
     assert spread(5, [3, 2]) == [3, 2] and spread(3, [4, 4, 4, 1]) == [0, 1, 1, 1] and sum(spread(7, [5] * 9)) == 7
+
+
+def test_token_only_shards_get_the_features_decoding_gave(target, tmp_path):
+    """Shards hold token ids only; featurize() recomputes, by one prefill, the features and labels that answer_batch
+    collected while decoding (the float64 tiny target: equal to rounding), and load_dataset caches them."""
+    prompts = ["Summarise: the cat sat.", "List two colours.", "Why is the sky blue?"]
+    gen = torch.Generator().manual_seed(0)
+    full = eagle3.data.answer_batch(target, prompts, 6, [False, True, False], 0.8, gen)
+    slim = [{k: r[k] for k in ("tokens", "prompt_len", "temperature")} for r in full]
+    for got, want in zip(eagle3.data.featurize(target, slim, max_tokens=64), full):
+        assert torch.allclose(got["feats"].float(), want["feats"].float(), atol=1e-3)
+        assert torch.equal(got["labels"], want["labels"])
+    eagle3.data.answer_shard(target, prompts, tmp_path / "shard_00000.pt", 6, 8, [False] * 3, [0.8] * 3, gen,
+                             features=False)
+    assert "feats" not in torch.load(tmp_path / "shard_00000.pt", weights_only=True)[0]
+    with pytest.raises(ValueError):
+        load_dataset(tmp_path)
+    seqs = load_dataset(tmp_path, target)
+    assert (tmp_path / "features" / "shard_00000.pt").exists() and all("feats" in s for s in seqs)
