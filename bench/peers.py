@@ -86,7 +86,9 @@ def main():
     for batch in a.batches:
         ps = (prompts * (1 + batch // len(prompts)))[:batch] if batch > 1 else prompts[:4]
         warm = [p["prompt"] for p in training_prompts(2 * batch)[-batch:]]
-        dec.generate(warm, max_new_tokens=32, batch_size=batch)  # warm the draft budget, as a running worker is
+        for mode in {compiled, compiled and not a.eager}:  # warm the draft budget and each mode's graphs, as a
+            dec.compiled = mode                              # running worker is
+            dec.generate(warm, max_new_tokens=32, batch_size=batch)
         got = {"llama.cpp": [], "engine vanilla": [], "engine EAGLE-3": []}
         if a.eager:
             got.update({"vanilla, eager steps": [], "EAGLE-3, eager steps": []})
