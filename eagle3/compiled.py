@@ -93,7 +93,6 @@ def _compiled(bucket) -> Steps:
 
 @lru_cache(maxsize=1)
 def _functions():
-    # one graph per bucket and function; the layers share it
     # one graph per bucket, function and kind of target (dtype, sizes) in this process
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(BUCKETS))
     return tuple(_batch_dynamic(torch.compile(f, dynamic=False, fullgraph=True)) for f in (begin, finish, finish_begin))

@@ -129,7 +129,6 @@ def featurize(target, seqs, max_tokens=2048):
     order = sorted(range(len(out)), key=lambda i: len(out[i]["tokens"]))
     i = 0
     while i < len(order):
-        L = len(out[order[i]]["tokens"])
         n = 1
         while i + n < len(order) and (n + 1) * len(out[order[i + n]]["tokens"]) <= max_tokens:
             n += 1

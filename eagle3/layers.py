@@ -87,7 +87,6 @@ class Linear(nn.Module):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
-
     @torch.no_grad()
     def row_invariant(self, rows=(1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 33), seed=0) -> bool:
         """Whether this Linear gives a row the same bits whatever the call's row count: a probe on random inputs,

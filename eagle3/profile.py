@@ -14,9 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import hardware
-from . import compiled
-from .compiled import compiled_steps
+from . import compiled, hardware
 from .layers import has_int4, row_chunks
 from .target import cache_dir
 
@@ -86,7 +84,7 @@ def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3, max_tokens=
             pos = (context + torch.arange(N, device=dev)).expand(B, N)
             mask = torch.ones(N, N, dtype=torch.bool, device=dev).tril().expand(B, N, N)  # a chain costs as any tree
             chunked = chunk if B >= hardware.ROW_CHUNK_FROM else None
-            with row_chunks(chunked), compiled_steps(steps and chunked is None):  # as the decoder runs B rows
+            with row_chunks(chunked), compiled.compiled_steps(steps and chunked is None):  # as the decoder runs B rows
                 line.append(_median_s(lambda: model(toks, pos, cache, mask), reps))
         seconds.append(line)
     return Profile(profile_key(target), list(rows), list(nodes), seconds)
