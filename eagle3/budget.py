@@ -92,12 +92,19 @@ class DraftBudget:
         # bucket -> running (measured tokens/s of tree rounds) / (what plan predicted for them): the estimates'
         # own error (calibration lag, costs the profile misses), which would otherwise draft where it loses.
         self.realism, self.predicted = {}, None
+        # Nodes a verify forward of n nodes per row really computes: compiled steps pad a forward's new tokens up to
+        # a bucket (eagle3/compiled.py), so 5 nodes cost what 8 do, and the best tree fills its bucket. The decoder
+        # sets it per call (identity where a call runs eager steps).
+        self.padded = lambda rows, nodes: nodes
 
     # ------------------------------------------------------------ costs
 
     def cost(self, rows, nodes):
         """Expected seconds of the verify forward (with accept and commit) for `nodes` nodes per row."""
-        return self.profile.cost(rows, nodes) * self.level * (self.tree_extra if nodes > 1 else 1.0)
+        return self._profiled(rows, nodes) * self.level * (self.tree_extra if nodes > 1 else 1.0)
+
+    def _profiled(self, rows, nodes):
+        return self.profile.cost(rows, self.padded(rows, nodes))
 
     def drafting(self, rows, d):
         """Expected seconds the drafter spends per round at depth d: measured at this batch size, else scaled from
@@ -170,7 +177,7 @@ class DraftBudget:
     def observe(self, shape, tree, acc, greedy, verify_s, draft_s):
         """One round's outcome: acceptance of the verified nodes, the verify and draft seconds."""
         rows, n = len(tree.tokens), tree.size
-        ratio = verify_s / max(self.profile.cost(rows, n), 1e-9)
+        ratio = verify_s / max(self._profiled(rows, n), 1e-9)
         if n > 1:
             self.tree_extra += self.alpha * (ratio / self.level - self.tree_extra)
         else:

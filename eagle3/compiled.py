@@ -78,12 +78,18 @@ def compiled_steps(on=True):
         _ON.reset(token)
 
 
+def bucket(tokens) -> int:
+    """The new tokens per row a forward of `tokens` really computes with compiled steps (past the largest bucket:
+    eager, unpadded)."""
+    return next((b for b in BUCKETS if b >= tokens), tokens)
+
+
 def steps(shape) -> Steps:
     """The pieces a forward of tokens `shape` [B, T] runs: compiled (with its bucket) for up to BUCKETS[-1] tokens
     per row, else eager."""
     if not _ON.get() or shape[1] > BUCKETS[-1]:
         return EAGER
-    return _compiled(next(b for b in BUCKETS if b >= shape[1]))
+    return _compiled(bucket(shape[1]))
 
 
 @lru_cache(maxsize=None)

@@ -233,7 +233,10 @@ class SpeculativeDecoder:
         # vanilla twin compute alike.
         # Decode and verify forwards run compiled (eagle3/compiled.py) unless the call uses row chunks.
         chunk = self.row_chunk if min(batch_size, len(ids)) >= hardware.ROW_CHUNK_FROM else None
-        with row_chunks(chunk), compiled.compiled_steps(self.compiled and chunk is None):
+        steps_on = self.compiled and chunk is None
+        if self.budget:  # a tree costs what its compiled bucket does
+            self.budget.padded = (lambda rows, nodes: compiled.bucket(nodes)) if steps_on else (lambda rows, nodes: nodes)
+        with row_chunks(chunk), compiled.compiled_steps(steps_on):
             if speculative:
                 drafter = DRAFTERS[self.drafter](self.target, self.head, self.configured)
                 self._speculative_rounds(batch, drafter, pick, sampling, totals)

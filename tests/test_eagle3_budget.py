@@ -46,6 +46,17 @@ def test_trim_keeps_the_surest_nodes_when_nodes_cost_time():
     assert kept.depth.tolist() == [[0, 1, 2]]
 
 
+def test_trim_fills_the_compiled_bucket_it_pays_for():
+    from eagle3.compiled import bucket
+
+    budget = DraftBudget((2, 4, 8), CPU_LIKE)
+    budget.padded = lambda rows, nodes: bucket(nodes)  # 3 nodes cost what 4 do, as compiled steps compute them
+    kept = budget.trim(chain_tree(1, [0.95, 0.9, 0.2, 0.1]), True)
+    # unpadded, the 0.2 level does not pay (the test above); in the 4-token bucket it comes free, the 0.1 level
+    # would cost the 8-token bucket
+    assert kept.tokens.tolist() == [[0, 10, 11, 12]]
+
+
 def test_trim_keeps_every_node_when_nodes_are_free_and_none_when_they_are_dear():
     tree = chain_tree(8, [0.6, 0.5, 0.4, 0.3])
     assert DraftBudget((2, 4, 8), FLAT).trim(tree, True).size == 5
