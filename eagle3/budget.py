@@ -36,12 +36,16 @@ def bucket(rows: int) -> int:
 
 
 class Calibration:
-    """P(accepted | depth, score bin), by counting verified nodes; `prior` pseudo-nodes at the raw score, so an
-    unmeasured bin trusts the drafter."""
+    """P(accepted | depth, score bin), by counting verified nodes. A bin with few counts leans on `prior`
+    pseudo-nodes at the raw score scaled by how the drafter's scores held up at that depth so far (accepted / sum of
+    scores, over every bin): a head whose scores run low (0.35 where 0.75 are accepted) is believed after a handful of
+    nodes, not after every bin has filled — at batch 1 the budget drafts only where it expects to win, so a budget
+    that trusted low raw scores would take plain steps and rarely see the nodes that would correct it."""
 
     def __init__(self, depth, prior=4.0):
         self.hits = np.zeros((depth + 1, BINS))
         self.seen = np.zeros((depth + 1, BINS))
+        self.scored = np.zeros(depth + 1)  # sum of the raw scores of the counted nodes, per depth
         self.prior = prior
 
     def _bins(self, score, depth):
@@ -49,12 +53,15 @@ class Calibration:
 
     def __call__(self, score, depth):
         d, b = self._bins(score, depth)
-        return (self.hits[d, b] + self.prior * score) / (self.seen[d, b] + self.prior)
+        scale = (self.hits.sum(1) + self.prior) / (self.scored + self.prior)  # 1 until nodes are counted
+        raw = np.minimum(score * scale[d], 1.0)
+        return (self.hits[d, b] + self.prior * raw) / (self.seen[d, b] + self.prior)
 
     def add(self, score, depth, accepted):
         d, b = self._bins(score, depth)
         np.add.at(self.hits, (d, b), accepted)
         np.add.at(self.seen, (d, b), 1)
+        np.add.at(self.scored, d, score)
 
 
 def tree_arrays(tree):
@@ -81,6 +88,7 @@ class DraftBudget:
         self.first_explore, self.max_explore = first_explore, max_explore
         self.calibration = {g: Calibration(self.depth) for g in (True, False)}
         self.gain = {}         # greedy -> [depth + 1, total] running g[d][n]
+        self.gain_trees = {}   # greedy -> trees the gain curves have learnt from
         self.draft_s = {}      # (bucket, depth) -> running seconds of the drafter per round
         self.warm, self.draft_alpha = set(), 0.3
         # Measured / profiled verify seconds: `level` from every round (the machine may be busier or quieter than
@@ -166,19 +174,26 @@ class DraftBudget:
         """Update g[d][n] for every depth this tree reaches (deeper ones keep their estimate)."""
         fresh = greedy not in self.gain
         gain = self.gain.setdefault(greedy, np.zeros((self.depth + 1, self.total - 1)))
+        # A plain mean over the first trees, then a running average: the first curves come from a calibration with
+        # hardly any counts, and where plain steps win trees are rare, so at alpha alone they would linger.
+        self.gain_trees[greedy] = n = self.gain_trees.get(greedy, 0) + 1
+        alpha = max(self.alpha, 1.0 / n)
         for d in range(1, min(int(depth.max()), self.depth) + 1):
             q = np.sort(np.where(depth[:, 1:] <= d, p[:, 1:], 0.0), 1)[:, ::-1]
             curve = np.zeros(self.total - 1)
             c = np.cumsum(q, 1).mean(0)[: self.total - 1]
             curve[: len(c)] = c
             curve[len(c):] = c[-1] if len(c) else 0.0
-            gain[d] = curve if fresh else gain[d] + self.alpha * (curve - gain[d])
+            gain[d] = curve if fresh else gain[d] + alpha * (curve - gain[d])
 
     def observe(self, shape, tree, acc, greedy, verify_s, draft_s):
         """One round's outcome: acceptance of the verified nodes, the verify and draft seconds."""
         rows, n = len(tree.tokens), tree.size
         ratio = verify_s / max(self._profiled(rows, n), 1e-9)
-        if n > 1:
+        shape_key = ("verify", rows, self.padded(rows, n))
+        if shape_key not in self.warm:  # a forward shape's first run may compile its graphs: not a sample
+            self.warm.add(shape_key)
+        elif n > 1:
             self.tree_extra += self.alpha * (ratio / self.level - self.tree_extra)
         else:
             self.level += self.alpha * (ratio - self.level)

@@ -27,7 +27,18 @@ def test_calibration_trusts_the_drafter_until_it_has_counts():
     assert cal(s, d) == pytest.approx(s)
     cal.add(np.full(20, 0.85), np.ones(20, int), np.array([True] * 5 + [False] * 15))  # 0.85 drafted, 25% accepted
     got = cal(s, d)
-    assert got[0] == pytest.approx((5 + 4 * 0.85) / (20 + 4)) and got[1] == pytest.approx(0.15)
+    scale = (5 + 4) / (20 * 0.85 + 4)  # depth 1's scores ran high: its thin bins lean on scaled-down scores
+    assert got[0] == pytest.approx((5 + 4 * 0.85 * scale) / (20 + 4)) and got[1] == pytest.approx(0.15)
+    assert cal(np.array([0.55]), np.array([1]))[0] == pytest.approx(0.55 * scale)  # an unmeasured bin at depth 1
+
+
+def test_calibration_believes_an_underconfident_drafter_after_a_few_nodes():
+    cal = Calibration(depth=3, prior=4.0)
+    cal.add(np.full(12, 0.35), np.ones(12, int), np.array([True] * 10 + [False] * 2))  # 0.35 drafted, 83% accepted
+    got = cal(np.array([0.35, 0.45, 0.45]), np.array([1, 1, 2]))
+    assert got[0] > 0.7  # the measured bin
+    assert got[1] == pytest.approx(0.45 * 14 / (12 * 0.35 + 4))  # an unmeasured bin at the same depth: scores there run low too
+    assert got[2] == pytest.approx(0.45)  # another depth: nothing measured yet
 
 
 def test_surest_caps_a_node_by_its_ancestors():
@@ -85,15 +96,15 @@ def test_observe_calibrates_acceptance_and_scales_the_profile():
     path = torch.tensor([[0, 1, 2, 2, 2], [0, 0, 0, 0, 0]])
     acc = Accepted(path, torch.tensor([3, 1]), torch.tensor([5, 5]))  # row 0 took two levels, row 1 none
     budget.observe((2, 4, 8), tree, acc, True, verify_s=2 * CPU_LIKE.cost(2, 5), draft_s=0.5)  # warm-up: not a sample
-    assert budget.draft_s == {} and budget.tree_extra == pytest.approx(1.1)
-    budget.tree_extra = 1.0
+    assert budget.draft_s == {} and budget.tree_extra == 1.0  # a shape's first forward may compile: no sample
     budget.observe((2, 4, 8), tree, acc, True, verify_s=2 * CPU_LIKE.cost(2, 5), draft_s=0.004)
     cal = budget.calibration[True]
     assert cal.seen[1:5, 9].tolist() == [4, 4, 4, 4] and cal.hits[1:5, 9].tolist() == [2, 2, 0, 0]
     assert budget.tree_extra == pytest.approx(1.1) and budget.level == 1.0  # 10% of the way to 2x
     plain = from_nodes(torch.zeros(2, dtype=torch.long), [[], []])
-    budget.observe(PLAIN, plain, Accepted(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long),
-                                          torch.zeros(2, dtype=torch.long)), True, 3 * CPU_LIKE.cost(2, 1), 0.0)
+    for seconds in (100.0, 3 * CPU_LIKE.cost(2, 1)):  # the first plain step compiling its graphs, then a sample
+        budget.observe(PLAIN, plain, Accepted(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long),
+                                              torch.zeros(2, dtype=torch.long)), True, seconds, 0.0)
     assert budget.level == pytest.approx(1.2) and budget.cost(2, 5) == pytest.approx(CPU_LIKE.cost(2, 5) * 1.2 * 1.1)
     assert budget.draft_s[(1, 4)] == 0.004
     assert budget.drafting(2, 1) == pytest.approx(0.004 * 2 / 5)  # another depth, scaled by its levels
