@@ -103,7 +103,7 @@ class DraftBudget:
         # Nodes a verify forward of n nodes per row really computes: compiled steps pad a forward's new tokens up to
         # a bucket (eagle3/compiled.py), so 5 nodes cost what 8 do, and the best tree fills its bucket. The decoder
         # sets it per call (identity where a call runs eager steps).
-        self.padded = lambda rows, nodes: nodes
+        self.padded = lambda nodes: nodes
 
     # ------------------------------------------------------------ costs
 
@@ -112,7 +112,7 @@ class DraftBudget:
         return self._profiled(rows, nodes) * self.level * (self.tree_extra if nodes > 1 else 1.0)
 
     def _profiled(self, rows, nodes):
-        return self.profile.cost(rows, self.padded(rows, nodes))
+        return self.profile.cost(rows, self.padded(nodes))
 
     def drafting(self, rows, d):
         """Expected seconds the drafter spends per round at depth d: measured at this batch size, else scaled from
@@ -172,10 +172,9 @@ class DraftBudget:
 
     def _learn_gain(self, p, depth, greedy):
         """Update g[d][n] for every depth this tree reaches (deeper ones keep their estimate)."""
-        fresh = greedy not in self.gain
         gain = self.gain.setdefault(greedy, np.zeros((self.depth + 1, self.total - 1)))
-        # A plain mean over the first trees, then a running average: the first curves come from a calibration with
-        # hardly any counts, and where plain steps win trees are rare, so at alpha alone they would linger.
+        # A plain mean over the first trees (the first one taken as it is), then a running average: the first curves
+        # come from a calibration with hardly any counts, and where plain steps win trees are rare, so at alpha alone they would linger.
         self.gain_trees[greedy] = n = self.gain_trees.get(greedy, 0) + 1
         alpha = max(self.alpha, 1.0 / n)
         for d in range(1, min(int(depth.max()), self.depth) + 1):
@@ -184,13 +183,13 @@ class DraftBudget:
             c = np.cumsum(q, 1).mean(0)[: self.total - 1]
             curve[: len(c)] = c
             curve[len(c):] = c[-1] if len(c) else 0.0
-            gain[d] = curve if fresh else gain[d] + alpha * (curve - gain[d])
+            gain[d] += alpha * (curve - gain[d])
 
     def observe(self, shape, tree, acc, greedy, verify_s, draft_s):
         """One round's outcome: acceptance of the verified nodes, the verify and draft seconds."""
         rows, n = len(tree.tokens), tree.size
         ratio = verify_s / max(self._profiled(rows, n), 1e-9)
-        shape_key = ("verify", rows, self.padded(rows, n))
+        shape_key = ("verify", rows, self.padded(n))
         if shape_key not in self.warm:  # a forward shape's first run may compile its graphs: not a sample
             self.warm.add(shape_key)
         elif n > 1:

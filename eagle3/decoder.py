@@ -235,7 +235,7 @@ class SpeculativeDecoder:
         chunk = self.row_chunk if min(batch_size, len(ids)) >= hardware.ROW_CHUNK_FROM else None
         steps_on = self.compiled and chunk is None
         if self.budget:  # a tree costs what its compiled bucket does
-            self.budget.padded = (lambda rows, nodes: compiled.bucket(nodes)) if steps_on else (lambda rows, nodes: nodes)
+            self.budget.padded = compiled.bucket if steps_on else (lambda nodes: nodes)
         with row_chunks(chunk), compiled.compiled_steps(steps_on):
             if speculative:
                 drafter = DRAFTERS[self.drafter](self.target, self.head, self.configured)

@@ -61,7 +61,7 @@ def test_trim_fills_the_compiled_bucket_it_pays_for():
     from eagle3.compiled import bucket
 
     budget = DraftBudget((2, 4, 8), CPU_LIKE)
-    budget.padded = lambda rows, nodes: bucket(nodes)  # 3 nodes cost what 4 do, as compiled steps compute them
+    budget.padded = bucket  # 3 nodes cost what 4 do, as compiled steps compute them
     kept = budget.trim(chain_tree(1, [0.95, 0.9, 0.2, 0.1]), True)
     # unpadded, the 0.2 level does not pay (the test above); in the 4-token bucket it comes free, the 0.1 level
     # would cost the 8-token bucket
