@@ -1,25 +1,27 @@
-"""Compiled decode steps: torch.compile (inductor) over the pure tensor work between two attentions, as gpt-fast
-compiles its decode step, so a step stops paying for ~1,000 small eager ops.
+"""Compiled decode steps: the whole layer stack of a decode or verify forward as one torch.compile (inductor) graph,
+as gpt-fast compiles its decode step, so a step stops paying for ~1,000 small eager ops and dozens of Python calls.
 
-A layer is begin (norm, q/k/v, rope) -> attention over the cache -> finish (o_proj, residual, MLP, residual)
-(target.Block). Attention stays eager: its shapes grow with the context, and the compiled pieces then depend only on
-the new tokens' shape [B, T]. T is padded up to a bucket (1, 2, 4, 8, 16: a plain step and the verify trees); the
-batch dimension is dynamic from 2 rows on (rows retire one by one), and batch 1 has its own graphs. The 30 layers
-share the graphs (same code, their weights are graph inputs). Compiling takes a few seconds per graph, once per
-process, with inductor's on-disk cache making later processes faster.
+The graph reads the KV cache and never writes it: each layer attends over cat(cache[:S], its new keys), S being the
+longest committed row, and the new K/V of all layers come back stacked, written into the cache with one copy per
+forward (KVCache.write_all). So the graph holds no mutation of a buffer that grows, and its shapes are the new
+tokens' [B, T] and S. T is padded up to a bucket (1, 2, 4, 8, 16: a plain step and the verify trees); the batch
+dimension (from 2 rows on) and S are dynamic, so one graph per bucket serves every context length and batch size
+(batch 1 and S = 1 are specialised by dynamo and get their own). Compiling takes ~50 s per graph on 2 cores the first
+time and seconds from inductor's on-disk cache.
 
 Decode and verify forwards run compiled; prefills stay eager, so a prompt's bits do not depend on the prompts it was
 padded with. Lossless stays defined as before: in compiled steps too, a row's bits do not depend on how many rows or
 tree nodes share a forward (tests/test_eagle3_compiled.py), so verification accepts exactly what plain steps emit,
-and a prompt decodes alike at any batch size.
+and a prompt decodes alike at any batch size. (Keys that sit in other places than in an eager forward change
+float64 attention's summation order by ~1e-16, which never reaches a bf16 rounding: layers.cache_dtype.)
 
 Off with EAGLE3_COMPILE=0. On by default where the target's linears are the int4 kernel (CPUs with bf16) or on CUDA:
 the fp32 CPU path's oneDNN-packed weights are opaque to the compiler, which would fall back to plain (slower) GEMMs.
 Calls that use row chunks (layers.row_chunks, AMX CPUs from 16 rows) stay eager.
 
-Measured on a 2-core AVX-512 EPYC (no AMX), SmolLM2-135M int4, one new token at a context of 120: 14.0-15.0 ms a
-forward compiled against 16.0-17.5 eager; at 4-16 new tokens, or 3-8 rows, the int4 kernel dominates and compiled
-steps save 1-2 ms. Dynamo's guard checks (~40 us a call, 31 calls a step) are most of what is left of the overhead."""
+Measured on a 2-core AMX Xeon (SmolLM2-135M int4, batch 1, one new token at a context of ~60): 10.7-11.1 ms a
+forward with the whole stack in one graph, against 14.8-15.3 ms with the earlier per-layer pieces (31 compiled calls
+a step, each paying dynamo's guard checks), 16-17.5 ms eager."""
 import contextlib
 import contextvars
 import os
@@ -29,36 +31,59 @@ from typing import Callable
 
 import torch
 
-from .layers import has_int4
+from .layers import attend, has_int4
 
 BUCKETS = (1, 2, 4, 8, 16)  # new tokens per forward that compiled steps serve, padded up
 
 _ON = contextvars.ContextVar("compiled_steps", default=False)
 
 
-def begin(block, x, rope):
-    return block.begin(x, rope)
+def layers(model, x, rope, k, v, mask):
+    """The layer stack over x [B, T, hidden] given the committed cache k/v [layers, B, Hkv, S, D] (read only) and
+    block_mask's mask: the last hidden state, the EAGLE-3 features [B, T, 3*hidden] and the new keys and values of
+    every layer, [layers, B, Hkv, T, D] each."""
+    wanted, seen, new_k, new_v = model.config.feature_layers, {}, [], []
+    for i, block in enumerate(model.layers):
+        if i in wanted:
+            seen[i] = x
+        q, kk, vv = block.begin(x, rope)
+        x = block.finish(x, attend(q, torch.cat([k[i], kk], 2), torch.cat([v[i], vv], 2), mask))
+        new_k.append(kk)
+        new_v.append(vv)
+    feats = torch.cat([seen[i] for i in wanted], -1)
+    return x, feats, torch.stack(new_k), torch.stack(new_v)
 
 
-def finish(block, x, a):
-    return block.finish(x, a)
+def block_mask(lens, tree_mask, S):
+    """[B, 1, T, S + T]: query i of row b sees the committed slots < lens[b] of the cache's first S, and the new
+    tokens (placed after them) that tree_mask[b, i] allows."""
+    committed = torch.arange(S, device=lens.device)[None, :] < lens[:, None]  # [B, S]
+    committed = committed[:, None, :].expand(-1, tree_mask.shape[1], -1)
+    return torch.cat([committed, tree_mask], 2).unsqueeze(1)
 
 
-def finish_begin(block, following, x, a, rope):
-    """One layer's finish and the next layer's begin: the stretch between two attentions, one call."""
-    x = block.finish(x, a)
-    return x, following.begin(x, rope)
+def run(steps, model, x, rope, cache, tree_mask):
+    """Compiled `layers` over the cache's first S = max(lens) slots, then the new K/V written at lens[b] + 0..T-1:
+    the same cache state and outputs (x, features) as the eager loop (target.LlamaModel._layers)."""
+    S = int(cache.lens.max())
+    k, v = cache.k[:, :, :, :S], cache.v[:, :, :, :S]
+    mask = block_mask(cache.lens, tree_mask, S)
+    for t, dims in ((x, (0,)), (rope[0], (0,)), (rope[1], (0,)), (mask, (0, 3)), (k, (1, 3)), (v, (1, 3))):
+        for d in dims:  # batch and context: one graph for all their sizes (dynamo specialises 0 and 1 itself)
+            if t.shape[d] > 1:
+                torch._dynamo.maybe_mark_dynamic(t, d)
+    x, feats, new_k, new_v = steps.layers(model, x, rope, k, v, mask)
+    cache.write_all(new_k, new_v, cache.slots(0, x.shape[1]))
+    return x, feats
 
 
 @dataclass(frozen=True)
 class Steps:
-    begin: Callable
-    finish: Callable
-    finish_begin: Callable
+    layers: Callable | None  # the compiled layer stack (None: the eager loop)
     tokens: int | None  # the bucket new tokens are padded to (None: no padding)
 
 
-EAGER = Steps(begin, finish, finish_begin, None)
+EAGER = Steps(None, None)
 
 
 def available(model) -> bool:
@@ -70,7 +95,7 @@ def available(model) -> bool:
 
 @contextlib.contextmanager
 def compiled_steps(on=True):
-    """Within this block, target forwards of up to BUCKETS[-1] new tokens run the compiled pieces."""
+    """Within this block, target forwards of up to BUCKETS[-1] new tokens run the compiled layer stack."""
     token = _ON.set(bool(on))
     try:
         yield
@@ -85,35 +110,18 @@ def bucket(tokens) -> int:
 
 
 def steps(shape) -> Steps:
-    """The pieces a forward of tokens `shape` [B, T] runs: compiled (with its bucket) for up to BUCKETS[-1] tokens
-    per row, else eager."""
+    """How a forward of tokens `shape` [B, T] runs: compiled (with its bucket) for up to BUCKETS[-1] tokens per row,
+    else eager."""
     if not _ON.get() or shape[1] > BUCKETS[-1]:
         return EAGER
-    return _compiled(bucket(shape[1]))
-
-
-@lru_cache(maxsize=None)
-def _compiled(bucket) -> Steps:
-    return Steps(*_functions(), bucket)
+    return Steps(_layers(), bucket(shape[1]))
 
 
 @lru_cache(maxsize=1)
-def _functions():
-    # one graph per bucket, function and kind of target (dtype, sizes) in this process
+def _layers():
+    # graphs per bucket x (batch 1, 2+) x kind of target (dtype, sizes) in this process
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(BUCKETS))
-    return tuple(_batch_dynamic(torch.compile(f, dynamic=False, fullgraph=True)) for f in (begin, finish, finish_begin))
-
-
-def _batch_dynamic(fn):
-    """fn with every tensor argument's batch dimension marked dynamic from 2 rows on: one graph serves every batch
-    size >= 2 (dynamo specialises size 1, which gets its own)."""
-    def call(*args):
-        for a in args:
-            for t in a if isinstance(a, tuple) else (a,):
-                if isinstance(t, torch.Tensor) and t.shape[0] > 1:
-                    torch._dynamo.mark_dynamic(t, 0)
-        return fn(*args)
-    return call
+    return torch.compile(layers, dynamic=False, fullgraph=True)
 
 
 def pad(tokens, positions, tree_mask, T):

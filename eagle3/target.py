@@ -85,17 +85,8 @@ class Attention(nn.Module):
         return self.o_proj(a.transpose(1, 2).reshape(B, T, -1))
 
 
-def attend_cached(q, k, v, cache, layer, slots, mask):
-    """Write this forward's k/v into the cache and attend over the row's keys so far (mask: attention_mask)."""
-    cache.write(layer, k, v, slots)
-    kk, vv = cache.view(layer, mask.shape[-1])
-    return attend(q, kk, vv, mask)
-
-
 class Block(nn.Module):
-    """A decoder layer as begin (norm, q/k/v, rope) -> attend_cached -> finish (o_proj, residual, MLP, residual):
-    begin and finish are pure tensor work, which eagle3/compiled.py compiles; attention over the growing cache stays
-    eager, so a compiled piece's shapes depend on the new tokens only, never on the context length."""
+    """A decoder layer as begin (norm, q/k/v, rope) -> attention -> finish (o_proj, residual, MLP, residual)."""
 
     def __init__(self, c: TargetConfig):
         super().__init__()
@@ -112,7 +103,10 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward(self, x, rope, cache, layer, slots, mask):
-        return self.finish(x, attend_cached(*self.begin(x, rope), cache, layer, slots, mask))
+        """Eager: write this forward's k/v into the cache and attend over the row's keys so far."""
+        q, k, v = self.begin(x, rope)
+        cache.write(layer, k, v, slots)
+        return self.finish(x, attend(q, *cache.view(layer, mask.shape[-1]), mask))
 
 
 LM_HEAD_ROWS = 16
@@ -142,27 +136,30 @@ class LlamaModel(nn.Module):
         steps = compiled.EAGER if logits_at is not None else compiled.steps(tokens.shape)  # prefills: eager
         if steps is not compiled.EAGER:  # static shapes: pad the new tokens to the compiled bucket
             tokens, positions, tree_mask = compiled.pad(tokens, positions, tree_mask, steps.tokens)
-        slots = cache.slots(0, tokens.shape[1])
-        mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + tokens.shape[1])
         # The residual stream and norms run in fp32 on a CPU even with bf16 weights (layers.stream_dtype).
         x = self.embed_tokens(tokens).to(self.norm.weight.dtype)
         rope = self.rope.table(positions, cache.dtype)
-        wanted, seen, layers = self.config.feature_layers, {}, self.layers
-        heads = steps.begin(layers[0], x, rope)
-        for i, layer in enumerate(layers):
-            if i in wanted:
-                seen[i] = x
-            a = attend_cached(*heads, cache, i, slots, mask)
-            if i + 1 < len(layers):
-                x, heads = steps.finish_begin(layer, layers[i + 1], x, a, rope)
-            else:
-                x = steps.finish(layer, x, a)
-        feats = torch.cat([seen[i] for i in wanted], -1)[:, :T]
+        if steps.layers is None:
+            x, feats = self._layers(x, rope, cache, tree_mask)
+        else:
+            x, feats = compiled.run(steps, self, x, rope, cache, tree_mask)
+        feats = feats[:, :T]
         if logits_at is None:
             x = x[:, :T]
         else:
             x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
         return self.lm_head(self.norm(x)), feats
+
+    def _layers(self, x, rope, cache, tree_mask):
+        """The eager layer loop: (last hidden state, EAGLE-3 features), each layer writing its K/V into the cache."""
+        slots = cache.slots(0, x.shape[1])
+        mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + x.shape[1])
+        wanted, seen = self.config.feature_layers, {}
+        for i, layer in enumerate(self.layers):
+            if i in wanted:
+                seen[i] = x
+            x = layer(x, rope, cache, i, slots, mask)
+        return x, torch.cat([seen[i] for i in wanted], -1)
 
     def pack(self):
         """Inference layouts: oneDNN-packed linears, and norm weights in the residual stream's dtype."""
