@@ -1,13 +1,13 @@
-"""Compiled decode steps: the whole layer stack of a decode or verify forward as one torch.compile (inductor) graph,
-as gpt-fast compiles its decode step, so a step stops paying for ~1,000 small eager ops and dozens of Python calls.
+"""Compiled decode steps: the layer stack of a decode or verify forward in a few torch.compile (inductor) calls, as
+gpt-fast compiles its decode step, so a step stops paying for ~1,000 small eager ops and their Python calls.
 
-The graph reads the KV cache and never writes it: each layer attends over cat(cache[:S], its new keys), S being the
-longest committed row, and the new K/V of all layers come back stacked, written into the cache with one copy per
-forward (KVCache.write_all). So the graph holds no mutation of a buffer that grows, and its shapes are the new
-tokens' [B, T] and S. T is padded up to a bucket (1, 2, 4, 8, 16: a plain step and the verify trees); the batch
-dimension (from 2 rows on) and S are dynamic, so one graph per bucket serves every context length and batch size
-(batch 1 and S = 1 are specialised by dynamo and get their own). Compiling takes ~50 s per graph on 2 cores the first
-time and seconds from inductor's on-disk cache.
+The layers run in groups of equal size (group_size: SmolLM2's 30 layers as 5 calls of 6); the groups share one graph
+(same code, their weights are graph inputs). A group reads the KV cache and never writes it: each layer attends over
+cat(cache[:S], its new keys), S being the longest committed row, and the group's new K/V come back stacked, written
+into the cache with one copy per group (KVCache.write_all). So no graph mutates a buffer that grows, and the shapes
+are the new tokens' [B, T] and S. T is padded up to a bucket (1, 2, 4, 8, 16: a plain step and the verify trees);
+the batch dimension (from 2 rows on) and S are dynamic, so one graph per bucket serves every context length and
+batch size (batch 1 and S = 1 are specialised by dynamo and get their own).
 
 Decode and verify forwards run compiled; prefills stay eager, so a prompt's bits do not depend on the prompts it was
 padded with. Lossless stays defined as before: in compiled steps too, a row's bits do not depend on how many rows or
@@ -19,9 +19,12 @@ Off with EAGLE3_COMPILE=0. On by default where the target's linears are the int4
 the fp32 CPU path's oneDNN-packed weights are opaque to the compiler, which would fall back to plain (slower) GEMMs.
 Calls that use row chunks (layers.row_chunks, AMX CPUs from 16 rows) stay eager.
 
-Measured on a 2-core AMX Xeon (SmolLM2-135M int4, batch 1, one new token at a context of ~60): 10.7-11.1 ms a
-forward with the whole stack in one graph, against 14.8-15.3 ms with the earlier per-layer pieces (31 compiled calls
-a step, each paying dynamo's guard checks), 16-17.5 ms eager."""
+Measured on a 2-core AVX-512 BF16 VM (no AMX), SmolLM2-135M int4, batch 1, one new token at a context of 60-210,
+150 steps: 12.5-13.5 ms a forward (median) in groups of 6, the same within noise as one graph of all 30 layers
+(12.6-13.7), 17.4 eager. Compiling a bucket's graph: ~10 s in groups of 6 once inductor's kernels are built (~25 s
+the first time), 47 s for the 30-layer graph; from inductor's on-disk cache, seconds. An earlier design compiled
+each layer's pieces around an eager attention (31 calls a step): 14.8-15.3 ms where one graph took 10.7-11.1 (AMX
+Xeon)."""
 import contextlib
 import contextvars
 import os
@@ -38,20 +41,25 @@ BUCKETS = (1, 2, 4, 8, 16)  # new tokens per forward that compiled steps serve, 
 _ON = contextvars.ContextVar("compiled_steps", default=False)
 
 
-def layers(model, x, rope, k, v, mask):
-    """The layer stack over x [B, T, hidden] given the committed cache k/v [layers, B, Hkv, S, D] (read only) and
-    block_mask's mask: the last hidden state, the EAGLE-3 features [B, T, 3*hidden] and the new keys and values of
-    every layer, [layers, B, Hkv, T, D] each."""
-    wanted, seen, new_k, new_v = model.config.feature_layers, {}, [], []
-    for i, block in enumerate(model.layers):
-        if i in wanted:
-            seen[i] = x
+def layers(blocks, x, rope, k, v, mask):
+    """A group of consecutive layers over x [B, T, hidden], given their committed cache k/v [n, B, Hkv, S, D] (read
+    only) and block_mask's mask: the group's output, each layer's input (the EAGLE-3 features are three of them) and
+    the new keys and values of every layer, [n, B, Hkv, T, D] each."""
+    inputs, new_k, new_v = [], [], []
+    for i, block in enumerate(blocks):
+        inputs.append(x)
         q, kk, vv = block.begin(x, rope)
         x = block.finish(x, attend(q, torch.cat([k[i], kk], 2), torch.cat([v[i], vv], 2), mask))
         new_k.append(kk)
         new_v.append(vv)
-    feats = torch.cat([seen[i] for i in wanted], -1)
-    return x, feats, torch.stack(new_k), torch.stack(new_v)
+    return x, inputs, torch.stack(new_k), torch.stack(new_v)
+
+
+def group_size(n_layers, most=8):
+    """Layers per compiled call: the largest divisor of the layer count up to `most`, so every group has the same
+    shape and all share one graph (SmolLM2's 30 layers: 5 calls of 6). A graph of the whole stack would save ~0.5 ms
+    of call overhead a step but compile ~5x longer (minutes per bucket on 2 cores)."""
+    return max(d for d in range(1, most + 1) if n_layers % d == 0)
 
 
 def block_mask(lens, tree_mask, S):
@@ -63,23 +71,33 @@ def block_mask(lens, tree_mask, S):
 
 
 def run(steps, model, x, rope, cache, tree_mask):
-    """Compiled `layers` over the cache's first S = max(lens) slots, then the new K/V written at lens[b] + 0..T-1:
-    the same cache state and outputs (x, features) as the eager loop (target.LlamaModel._layers)."""
-    S = int(cache.lens.max())
-    k, v = cache.k[:, :, :, :S], cache.v[:, :, :, :S]
+    """The compiled groups over the cache's first S = max(lens) slots, then each group's new K/V written at
+    lens[b] + 0..T-1: the same cache state and outputs (x, features) as the eager loop (target.LlamaModel._layers)."""
+    S, T = int(cache.lens.max()), x.shape[1]
+    slots = cache.slots(0, T)
     mask = block_mask(cache.lens, tree_mask, S)
+    g, inputs = group_size(len(model.layers)), []
+    for start in range(0, len(model.layers), g):
+        k, v = cache.k[start: start + g, :, :, :S], cache.v[start: start + g, :, :, :S]
+        _dynamic(x, rope, mask, k, v)
+        x, seen, new_k, new_v = steps.layers(tuple(model.layers[start: start + g]), x, rope, k, v, mask)
+        cache.write_all(new_k, new_v, slots, start)
+        inputs += seen
+    return x, torch.cat([inputs[i] for i in model.config.feature_layers], -1)
+
+
+def _dynamic(x, rope, mask, k, v):
+    """Batch and context sizes marked dynamic: one graph serves them all (dynamo specialises sizes 0 and 1 itself,
+    so batch 1 has its own)."""
     for t, dims in ((x, (0,)), (rope[0], (0,)), (rope[1], (0,)), (mask, (0, 3)), (k, (1, 3)), (v, (1, 3))):
-        for d in dims:  # batch and context: one graph for all their sizes (dynamo specialises 0 and 1 itself)
+        for d in dims:
             if t.shape[d] > 1:
                 torch._dynamo.maybe_mark_dynamic(t, d)
-    x, feats, new_k, new_v = steps.layers(model, x, rope, k, v, mask)
-    cache.write_all(new_k, new_v, cache.slots(0, x.shape[1]))
-    return x, feats
 
 
 @dataclass(frozen=True)
 class Steps:
-    layers: Callable | None  # the compiled layer stack (None: the eager loop)
+    layers: Callable | None  # the compiled group of layers (None: the eager loop)
     tokens: int | None  # the bucket new tokens are padded to (None: no padding)
 
 

@@ -236,16 +236,17 @@ class KVCache:
         self.k[layer, b, :, slots] = k.transpose(1, 2)
         self.v[layer, b, :, slots] = v.transpose(1, 2)
 
-    def write_all(self, k, v, slots):
-        """k, v: [layers, B, H, T, D], every layer's new keys and values at once; slots: from slots()."""
+    def write_all(self, k, v, slots, first=0):
+        """k, v: [n, B, H, T, D], the new keys and values of layers first..first+n-1 at once; slots: from slots()."""
+        n = k.shape[0]
         if isinstance(slots, slice):
-            self.k[:, :, :, slots] = k
-            self.v[:, :, :, slots] = v
+            self.k[first: first + n, :, :, slots] = k
+            self.v[first: first + n, :, :, slots] = v
             return
         b = torch.arange(k.shape[1], device=k.device)[:, None]
-        # advanced indices on dims 1 and 3 put their [B, T] first: [B, T, layers, H, D]
-        self.k[:, b, :, slots] = k.permute(1, 3, 0, 2, 4)
-        self.v[:, b, :, slots] = v.permute(1, 3, 0, 2, 4)
+        # advanced indices on dims 1 and 3 put their [B, T] first: [B, T, n, H, D]
+        self.k[first: first + n, b, :, slots] = k.permute(1, 3, 0, 2, 4)
+        self.v[first: first + n, b, :, slots] = v.permute(1, 3, 0, 2, 4)
 
     def view(self, layer, length):
         return self.k[layer, :, :, :length], self.v[layer, :, :, :length]
