@@ -139,6 +139,11 @@ def steps(shape) -> Steps:
 def _layers():
     # graphs per bucket x (batch 1, 2+) x kind of target (dtype, sizes) in this process
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(BUCKETS))
+    # Dynamo checks guards on every module attribute and weight a graph reads before each call: 1.5 ms a step for
+    # SmolLM2 (~10%). With dict tags it skips the modules whose attributes have not changed since it last saw them:
+    # 0.9 ms (measured on the EPYC of the docstring, 50 steps under torch.profiler; batch-1 step medians over 3
+    # alternated runs of 150 steps: 12.8-14.3 ms with, 13.7-14.9 without).
+    torch._dynamo.config.use_recursive_dict_tags_for_guards = True
     return torch.compile(layers, dynamic=False, fullgraph=True)
 
 
