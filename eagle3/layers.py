@@ -228,13 +228,7 @@ class KVCache:
 
     def write(self, layer, k, v, slots):
         """k, v: [B, H, T, D]; slots: from slots()."""
-        if isinstance(slots, slice):
-            self.k[layer, :, :, slots] = k
-            self.v[layer, :, :, slots] = v
-            return
-        b = torch.arange(k.shape[0], device=k.device)[:, None]
-        self.k[layer, b, :, slots] = k.transpose(1, 2)
-        self.v[layer, b, :, slots] = v.transpose(1, 2)
+        self.write_all(k[None], v[None], slots, layer)
 
     def write_all(self, k, v, slots, first=0):
         """k, v: [n, B, H, T, D], the new keys and values of layers first..first+n-1 at once; slots: from slots()."""
