@@ -273,12 +273,15 @@ def _collate(seqs, idx, dev):
 
 
 def train(target, seqs, out, draft_vocab=8192, epochs=2.0, max_tokens=2048, lr=5e-4, ttt_steps=5, warmup=0.05,
-          clip=0.5, ckpt_every=50, seed=0, init_from=None, eagle31=None, loss="ce", val_frac=0.05, log=print):
+          clip=0.5, ckpt_every=50, seed=0, init_from=None, eagle31=None, loss="ce", val_frac=0.05, keep_vocab=False,
+          log=print):
     """Train (or resume) a head on `seqs`; writes out/config.json + model.safetensors, out/train_state.pt and
     out/train_log.json. Returns (the saved head, per-step history).
 
     init_from: a saved head to start from instead of the target's readout. The draft vocabulary is still chosen from
     `seqs`; lm_head rows of tokens the saved head also has are copied, new tokens start from the target's rows.
+    keep_vocab: with init_from, keep its draft vocabulary instead (a small data set picks a worse one: the round-7
+    fine-tune on ~1,400 answers that re-picked it scored lower on free-form prompts than the head it started from).
     eagle31: the EAGLE 3.1 norms; None = on for a new head, the init_from head's setting when fine-tuning.
     loss: "ce", "tv" or "lk" (step_loss). val_frac: the share of `seqs` held out and never trained on; after every
     epoch (and at the end) the head's simulated tau on it is logged, and out/ keeps the head of the best epoch
@@ -291,7 +294,7 @@ def train(target, seqs, out, draft_vocab=8192, epochs=2.0, max_tokens=2048, lr=5
     state_path = out / "train_state.pt"
     state = torch.load(state_path, weights_only=False) if state_path.exists() else None
     seqs, heldout = split_heldout(seqs, val_frac, seed)
-    head, draft_ids = _start_head(target, seqs, draft_vocab, seed, init_from, eagle31, state, log)
+    head, draft_ids = _start_head(target, seqs, draft_vocab, seed, init_from, eagle31, state, log, keep_vocab)
     head = head.to(dev).train()
     vocab_ids = head.to_target_ids(torch.arange(head.config.draft_vocab_size, device=dev))
     opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -350,13 +353,17 @@ def train(target, seqs, out, draft_vocab=8192, epochs=2.0, max_tokens=2048, lr=5
     return Eagle3Head.from_pretrained(out, device=dev), history
 
 
-def _start_head(target, seqs, draft_vocab, seed, init_from, eagle31, state, log):
+def _start_head(target, seqs, draft_vocab, seed, init_from, eagle31, state, log, keep_vocab=False):
     """(head, draft ids): a resumed run's architecture (weights come from its state), or a new head on the
-    training answers' most frequent tokens, from the target's readout or from init_from's weights."""
+    training answers' most frequent tokens (or init_from's own vocabulary: keep_vocab), from the target's readout or
+    from init_from's weights."""
     if state:  # states from before EAGLE 3.1 have no flag: their heads had no norms
         return init_head(target, state["draft_ids"], seed, state.get("eagle31", False)), state["draft_ids"]
-    draft_ids, _ = draft_vocab_from_data(seqs, draft_vocab, target.config.vocab_size)
     start = Eagle3Head.from_pretrained(init_from) if init_from else None
+    if start is not None and keep_vocab:
+        draft_ids = start.to_target_ids(torch.arange(start.config.draft_vocab_size))
+    else:
+        draft_ids, _ = draft_vocab_from_data(seqs, draft_vocab, target.config.vocab_size)
     if eagle31 is None:  # a fine-tune keeps its head's architecture: its fc learnt the features it was given
         eagle31 = bool(start.config.fc_norm and start.config.norm_output) if start else True
     head = init_head(target, draft_ids, seed, eagle31)
@@ -408,7 +415,11 @@ def main(argv=None):
                     help="share of the answers held out to pick the epoch with the best simulated tau (0: last epoch)")
     ap.add_argument("--init-from", help="start from this saved head (fine-tune) instead of the target's readout; "
                     "lm_head rows of tokens both vocabularies share are kept")
+    ap.add_argument("--keep-vocab", action="store_true",
+                    help="with --init-from: keep that head's draft vocabulary instead of picking one from the data")
     a = ap.parse_args(argv)
+    if a.keep_vocab and not a.init_from:
+        ap.error("--keep-vocab needs --init-from")
     if a.skip_prompts < 0 or a.prompts < 1:
         ap.error("--skip-prompts must be >= 0 and --prompts >= 1")
     if a.ttt_steps < 1 or not 0 <= a.val_frac < 1:
@@ -424,7 +435,8 @@ def main(argv=None):
     seqs = load_dataset(data, target)
     print(f"{len(seqs)} sequences, {sum(len(s['tokens']) for s in seqs)} tokens", flush=True)
     train(target, seqs, a.out, draft_vocab=a.draft_vocab, epochs=a.epochs, max_tokens=a.max_tokens, lr=a.lr,
-          ttt_steps=a.ttt_steps, init_from=a.init_from, eagle31=a.eagle31, loss=a.loss, val_frac=a.val_frac)
+          ttt_steps=a.ttt_steps, init_from=a.init_from, eagle31=a.eagle31, loss=a.loss, val_frac=a.val_frac,
+          keep_vocab=a.keep_vocab)
 
 
 if __name__ == "__main__":

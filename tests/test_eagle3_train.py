@@ -84,6 +84,21 @@ def test_fine_tuning_starts_from_the_given_head(tiny_data, tmp_path):
                                   atol=1e-3)
 
 
+def test_fine_tuning_can_keep_the_given_heads_vocabulary(tiny_data, tmp_path):
+    target, seqs = tiny_data
+    train(target, seqs, tmp_path / "a", draft_vocab=150, epochs=1, max_tokens=400, lr=3e-3, ttt_steps=2,
+          log=lambda *_: None)
+    start = Eagle3Head.from_pretrained(tmp_path / "a")
+    picked, _ = train(target, seqs[: len(seqs) // 3], tmp_path / "picked", draft_vocab=150, epochs=0.01,
+                      max_tokens=400, lr=1e-9, ttt_steps=2, init_from=tmp_path / "a", log=lambda *_: None)
+    kept, _ = train(target, seqs[: len(seqs) // 3], tmp_path / "kept", draft_vocab=150, epochs=0.01, max_tokens=400,
+                    lr=1e-9, ttt_steps=2, init_from=tmp_path / "a", keep_vocab=True, log=lambda *_: None)
+    vocab = lambda h: h.to_target_ids(torch.arange(h.config.draft_vocab_size)).tolist()  # noqa: E731
+    assert vocab(picked) != vocab(start)  # a third of the data picks another vocabulary ...
+    assert vocab(kept) == vocab(start)  # ... unless told to keep the head's
+    assert torch.allclose(kept.lm_head.weight.float(), start.lm_head.weight.float(), atol=1e-3)
+
+
 def test_trained_tiny_head_accepts_more_and_stays_lossless(tiny_data, tmp_path):
     target, seqs = tiny_data
     head, _ = train(target, seqs, tmp_path, draft_vocab=259, epochs=25, max_tokens=600, lr=3e-3, ttt_steps=3,
