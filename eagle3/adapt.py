@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import heads
+from . import hardware, heads
 from .decoder import SpeculativeDecoder, default_head_path, head_of_version
+from .layers import row_chunks
 from .target import DEFAULT_TARGET, load_target
 from .train import _batches, _collate, ttt_loss
 from .verify import greedy
@@ -96,7 +97,8 @@ def sequence_of(target, example):
     L = tokens.shape[1]
     cache = model.new_cache(1, L + 1)
     causal = torch.ones(1, L, L, dtype=torch.bool, device=dev).tril()
-    logits, feats = model(tokens, torch.arange(L, device=dev)[None], cache, causal)
+    with row_chunks(hardware.row_chunk(model)):  # as a decode's prefill runs (eagle3/batch.py)
+        logits, feats = model(tokens, torch.arange(L, device=dev)[None], cache, causal)
     argmax = greedy(logits[0]).cpu()
     P = len(prompt)
     predicted = argmax[P - 1: P - 1 + len(output)]  # what the target says follows each fed token

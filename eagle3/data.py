@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from .hardware import row_chunk
+from .layers import row_chunks
 from .target import pad_prompts
 from .verify import warp
 
@@ -123,8 +125,14 @@ def generate_dataset(target, prompts, out_dir, max_new_tokens=160, batch_size=16
 def featurize(target, seqs, max_tokens=2048):
     """Add `feats` and `labels` (as answer_batch returns them) to token-only records: one prefill per sequence, in
     batches of about max_tokens padded tokens. A prefill computes every position's features and argmax at once, so
-    the features cost a fraction of the decode that made the answer."""
+    the features cost a fraction of the decode that made the answer. Prefills run in row chunks where the device
+    has them (hardware.row_chunk: dense GEMMs, ~4x faster than the int4 kernel over hundreds of rows)."""
     model, dev = target.model, target.device
+    with row_chunks(row_chunk(model)):
+        return _featurize(model, dev, seqs, max_tokens)
+
+
+def _featurize(model, dev, seqs, max_tokens):
     out = [dict(s) for s in seqs]
     order = sorted(range(len(out)), key=lambda i: len(out[i]["tokens"]))
     i = 0
