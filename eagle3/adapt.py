@@ -8,9 +8,10 @@ only if it decodes held-out items with a higher τ.
 
 A completed greedy item is self-distillation data for the price of one prefill: prompt + output is a sequence the
 target chose itself, so one forward over it gives the target's features at every position and its argmax there
-(the labels). The argmax is checked against the stored output and the sequence is cut at the first disagreement,
-so the head learns only the target's own choices (a stored output can be cut at a stop string, or come from a
-worker whose numerics differed).
+(the labels: the head learns only the target's own choices). The argmax is checked against the stored output. A
+few disagreements are near-ties that a worker computing in another mode broke the other way (int4 kernel vs row
+chunks: bf16 roundings differ), and the whole sequence is kept, as sampled training answers are; where more than
+MAX_DISAGREE of the output disagrees, the output is not this target's and the sequence is cut at the first one.
 
 The gate: τ (tokens emitted per draft/verify round) of an actual speculative decode, fixed tree, batch 1, greedy,
 over a held-out slice of the items (chosen by item id, deterministically), for the current head and the
@@ -57,7 +58,7 @@ class Report:
     train_items: int
     heldout_items: int
     train_tokens: int  # response tokens with a label
-    cut_items: int  # sequences cut where the target's argmax disagreed with the stored output
+    cut_items: int  # sequences cut: the stored output disagreed with the target's argmax too often (not its own)
     steps: int
     same_output: bool  # both heads decoded the held-out items to the same tokens (lossless)
     wall_s: float
@@ -86,11 +87,15 @@ def _hash_fraction(item_id):
     return int(hashlib.sha256(str(item_id).encode()).hexdigest()[:8], 16) / 2 ** 32
 
 
+MAX_DISAGREE = 0.1  # share of an output's tokens past which it is not the target's own (see the module's doc)
+
+
 @torch.no_grad()
 def sequence_of(target, example):
-    """One prefill over prompt + output. Returns (sequence, agreed): the sequence in eagle3/data.py's format
-    (tokens, feats [L-1, 3h] float16, labels [L-1] = the target's argmax, -1 inside the prompt), cut after the
-    first `agreed` output tokens, those on which the target's argmax and the stored output agree."""
+    """One prefill over prompt + output. Returns (sequence, kept): the sequence in eagle3/data.py's format
+    (tokens, feats [L-1, 3h] float16, labels [L-1] = the target's argmax, -1 inside the prompt) with its first `kept`
+    output tokens: all of them when the target's argmax disagrees with at most MAX_DISAGREE of the stored output,
+    else those before the first disagreement."""
     model, dev = target.model, target.device
     prompt, output = list(example.prompt_ids), list(example.output_ids)
     tokens = torch.tensor(prompt + output, device=dev)[None]
@@ -103,21 +108,21 @@ def sequence_of(target, example):
     P = len(prompt)
     predicted = argmax[P - 1: P - 1 + len(output)]  # what the target says follows each fed token
     wrong = (predicted != torch.tensor(output)).nonzero()
-    agreed = int(wrong[0]) if len(wrong) else len(output)
-    n = P + agreed
-    labels = torch.cat([torch.full((P - 1,), -1), predicted[:agreed]]).to(torch.int32)
+    kept = int(wrong[0]) if len(wrong) > MAX_DISAGREE * len(output) else len(output)
+    n = P + kept
+    labels = torch.cat([torch.full((P - 1,), -1), predicted[:kept]]).to(torch.int32)
     seq = dict(tokens=tokens[0, :n].cpu().to(torch.int32), feats=feats[0, : n - 1].half().cpu(), labels=labels,
                prompt_len=P)
-    return seq, agreed
+    return seq, kept
 
 
 def build_sequences(target, examples):
-    """Training sequences (those with at least one agreed token) and how many items were cut."""
+    """Training sequences (those with at least one kept token) and how many items were cut."""
     seqs, cut = [], 0
     for ex in examples:
-        seq, agreed = sequence_of(target, ex)
-        cut += agreed < len(ex.output_ids)
-        if agreed:
+        seq, kept = sequence_of(target, ex)
+        cut += kept < len(ex.output_ids)
+        if kept:
             seqs.append(seq)
     return seqs, cut
 
@@ -204,8 +209,8 @@ def adapt(target, examples, steps=None, epochs=1.0, lr=1e-4, heldout_share=0.2, 
     if not seqs:
         raise ValueError("no training item agrees with the target's own greedy output")
     steps = steps or steps_for(seqs, epochs)
-    log(f"{len(seqs)} training sequences ({cut} cut at a disagreement), {len(heldout)} held out, {steps} steps "
-        f"from version {parent}")
+    log(f"{len(seqs)} training sequences ({cut} cut: not the target's own output), {len(heldout)} held out, "
+        f"{steps} steps from version {parent}")
     current = load_head(target, parent)
     candidate = as_stored(finetune(target, copy.deepcopy(current), seqs, steps, lr, seed=seed, log=log))
     tau_current, out_current = measure_tau(target, current, heldout, eval_tokens)

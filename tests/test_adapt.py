@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from api import create_app
 from eagle3 import SpeculativeDecoder, heads
-from eagle3.adapt import Example, adapt, load_head, measure_tau, split
+from eagle3.adapt import Example, adapt, load_head, measure_tau, sequence_of, split
 from jobs import tokenizer
 from jobs.adaptation import greedy_items
 from jobs.db import session_factory
@@ -86,6 +86,27 @@ def test_only_completed_greedy_items_are_read_with_the_workers_prompt_ids(Sessio
     assert examples[0].output_ids == stored
     with Session() as session:
         assert len(greedy_items(session, chat, [job_id], last=5)) == 5
+
+
+def test_a_near_tie_broken_the_other_way_keeps_the_sequence_a_foreign_output_is_cut(examples):
+    """Labels are always the target's argmax. One disagreeing token (a worker in another numeric mode) keeps the
+    whole item; an output that is mostly not the target's is cut before its first disagreement."""
+    from eagle3 import load_target
+
+    target = load_target("tiny")
+    ex = max(examples, key=lambda e: len(e.output_ids))
+    n = len(ex.output_ids)
+    assert n >= 20
+    seq, kept = sequence_of(target, ex)
+    assert kept == n  # the worker's own output: all of it, labels equal to it
+    assert seq["labels"][-n:].tolist() == ex.output_ids
+    flip = lambda t: (t + 1) % target.config.vocab_size  # noqa: E731
+    once = Example(ex.item_id, ex.prompt_ids, ex.output_ids[:9] + [flip(ex.output_ids[9])] + ex.output_ids[10:])
+    seq, kept = sequence_of(target, once)
+    assert kept == n and seq["labels"][-n:].tolist()[9] == ex.output_ids[9]  # the label is the target's choice
+    foreign = Example(ex.item_id, ex.prompt_ids, ex.output_ids[:5] + [flip(t) for t in ex.output_ids[5:]])
+    seq, kept = sequence_of(target, foreign)
+    assert kept == 5 and len(seq["tokens"]) == len(ex.prompt_ids) + 5
 
 
 def test_split_keeps_each_item_on_its_side_whatever_comes_with_it():
