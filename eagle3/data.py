@@ -81,13 +81,16 @@ def answer_shard(target, prompts, path, max_new_tokens, batch_size, sample_rows,
                  features=True):
     """Answer `prompts` and save them as one shard at `path` (atomically: an interrupted shard is redone, never
     half-read). sample_rows / temperatures: per prompt. features=False keeps only the token ids, prompt length and
-    temperature of each answer (a few KB, small enough to commit); `featurize` recomputes the rest."""
+    temperature of each answer (a few KB, small enough to commit); `featurize` recomputes the rest. Runs in row
+    chunks where the device has them (hardware.row_chunk), as featurize does: the same numerics, and the int4 kernel
+    is several times slower over a batch's prompt rows."""
     order = sorted(range(len(prompts)), key=lambda i: prompt_chars(prompts[i]))  # similar lengths: less padding
     seqs = [None] * len(prompts)
     for i in range(0, len(order), batch_size):
         idx = order[i: i + batch_size]
-        answers = answer_batch(target, [prompts[j] for j in idx], max_new_tokens, [sample_rows[j] for j in idx],
-                               [temperatures[j] for j in idx], generator)
+        with row_chunks(row_chunk(target.model)):
+            answers = answer_batch(target, [prompts[j] for j in idx], max_new_tokens, [sample_rows[j] for j in idx],
+                                   [temperatures[j] for j in idx], generator)
         for j, r in zip(idx, answers):
             seqs[j] = r if features else {k: r[k] for k in ("tokens", "prompt_len", "temperature")}
         if bar is not None:
