@@ -6,9 +6,8 @@ mode. Writes bench/results/row_chunks.md with the CPU flags.
     python -m bench.rowchunks [--batch 8 16 32 64] [--chunks 0 32 64] [--prompts 64] [--max-new-tokens 48]
                               [--steps-from B]
 
---steps-from B: decode steps and verify forwards use the chunks only in calls of batch >= B (default 1: every
-call; prefills always use them when a chunk size is given), e.g. `--batch 1 8 --chunks 0 64 --steps-from 999`
-measures chunked prefills alone.
+--steps-from B: only calls of batch >= B use the chunks (their prefills, steps and verify forwards; default 1: every
+call), as hardware.ROW_CHUNK_FROM decides in the engine.
 """
 import argparse
 import sys
@@ -34,16 +33,16 @@ def main():
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--steps-from", type=int, default=1, help="batch size from which steps use the chunks too")
+    ap.add_argument("--steps-from", type=int, default=1, help="batch size from which calls use the chunks")
     ap.add_argument("--out", default=str(OUT))
     a = ap.parse_args()
     target = load_target()
     dec = SpeculativeDecoder(target, adaptive=False, parallel_degree=2, depth=3, total_tokens=4)
-    hardware.ROW_CHUNK_FROM = a.steps_from  # from this batch size steps use the chunks too (prefills always)
+    hardware.ROW_CHUNK_FROM = a.steps_from  # calls of this batch size or more use the chunks
     prompts = [p["prompt"] for p in heldout_prompts(a.prompts)]
     lines = ["# Row chunks vs the int4 kernel", "", f"`python -m bench.rowchunks {' '.join(sys.argv[1:])}` — "
              f"{time.strftime('%Y-%m-%d')}. Machine: {hardware.describe()}. {a.prompts} held-out prompts, "
-             f"{a.max_new_tokens} new tokens max, greedy, {a.reps} alternated reps, steps chunked from batch "
+             f"{a.max_new_tokens} new tokens max, greedy, {a.reps} alternated reps, calls chunked from batch "
              f"{a.steps_from}. Tree: fixed, k 2, depth 3, 4 nodes. tok/s include the prefills. 'identical': "
              "speculative outputs token-identical to the vanilla decode of the same mode.", "",
              "| batch | rows per GEMM call | vanilla tok/s | 4-node tree tok/s | identical |", "|---|---|---|---|---|"]

@@ -1,12 +1,10 @@
 """The live batch of one generate() call: which prompt each batch row decodes, the target's KV cache and each row's
 root, plus the per-prompt outputs and counters. The decoding loop asks it to retire finished rows, admit waiting
 prompts (prefill) and commit a verified round; drafters read it (rows, prompts, outputs) but never change it."""
-import contextlib
 import time
 
 import torch
 
-from .layers import row_chunks
 from .target import pad_prompts
 
 
@@ -75,11 +73,10 @@ class Rows:
 class LiveBatch:
     """The rows decoded together. `root` [rows]: each row's last emitted token, not yet in the target's cache: the
     next round's tree (or plain step) starts from it. `references`: token lists the drafters may draft from (a
-    job's earlier outputs). `prefill_chunk`: rows per dense GEMM call for prefills (layers.row_chunks), or None."""
+    job's earlier outputs)."""
 
-    def __init__(self, model, prompts, limits, eos, batch_size, cap, references=(), prefill_chunk=None):
+    def __init__(self, model, prompts, limits, eos, batch_size, cap, references=()):
         self.model, self.prompts, self.batch_size, self.cap = model, prompts, batch_size, cap
-        self.prefill_chunk = prefill_chunk
         self.references = list(references)
         self.rows = Rows(limits, eos)
         self.cache = self.root = None
@@ -114,8 +111,7 @@ class LiveBatch:
         slots = self.rows.admit(self.batch_size - self.size, self.elapsed())
         tokens, lens, pos, causal = pad_prompts([self.prompts[s] for s in slots], self.model.embed_tokens.weight.device)
         new = self.model.new_cache(len(slots), self.cap)
-        with row_chunks(self.prefill_chunk) if self.prefill_chunk else contextlib.nullcontext():
-            logits, feats = self.model(tokens, pos, new, causal, logits_at=(lens - 1)[:, None])
+        logits, feats = self.model(tokens, pos, new, causal, logits_at=(lens - 1)[:, None])
         new.lens.copy_(lens)
         first = pick(logits[:, 0])
         self.cache = new if self.cache is None else self.cache.extend(new)

@@ -225,15 +225,12 @@ class SpeculativeDecoder:
         prompt (continuous batching): speculative rows finish at different rounds, and a batch left to run on with a
         few stragglers would pay most of a full round for each of their tokens."""
         cap = max(map(len, ids)) + max(limits) + self.depth + self.total_tokens + 2
-        # Prefills run the target's int4 layers as dense GEMMs in fixed row chunks where the device has them
-        # (hardware.row_chunk) at every batch size: a prompt is hundreds of rows, where the int4 kernel is ~4x slower
-        # per row, and a fixed chunk gives each row the same bits whichever prompts share the prefill.
-        batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap, references,
-                          prefill_chunk=self.row_chunk)
+        batch = LiveBatch(self.model, ids, limits, self.target.eos_ids, batch_size, cap, references)
         batch.rows.on_tokens = on_tokens
         pick = lambda logits: self._pick(logits, sampling)  # noqa: E731
-        # Large batches run their decode steps and verify forwards in row chunks too: chosen per call from its batch
-        # size, so a speculative call and its vanilla twin compute alike.
+        # Large batches run the target's int4 layers as dense GEMMs in fixed row chunks where the device has them
+        # (hardware.row_chunk), prefills included: chosen per call from its batch size, so a speculative call and its
+        # vanilla twin compute alike.
         # Decode and verify forwards run compiled (eagle3/compiled.py) unless the call uses row chunks.
         chunk = self.row_chunk if min(batch_size, len(ids)) >= hardware.ROW_CHUNK_FROM else None
         steps_on = self.compiled and chunk is None

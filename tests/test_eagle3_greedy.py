@@ -207,38 +207,3 @@ def test_greedy_matches_vanilla_in_row_chunk_mode(monkeypatch):
     spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
     assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
     assert dec.last_stats["accept_length"] > 1.15 and calls and set(calls) == {8}
-
-
-def test_prefills_use_row_chunks_at_any_batch_size(monkeypatch):
-    """Where the device has row chunks, prompts are prefilled in them even when the call's steps run the int4 kernel
-    (batch below ROW_CHUNK_FROM): hundreds of prompt rows are where dense chunks win most, and a fixed chunk keeps a
-    prompt's bits independent of which prompts share its prefill, so speculative output stays identical to vanilla."""
-    from eagle3 import hardware
-    from eagle3.batch import LiveBatch
-    from eagle3.layers import Linear
-
-    target = small_vocab_target(dtype=torch.bfloat16)
-    dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
-    dec.row_chunk = 8
-    where, prefilling = [], [False]
-    chunked, admit = Linear._chunked, LiveBatch.admit
-
-    def admit_flagged(self, pick):
-        prefilling[0] = True
-        try:
-            return admit(self, pick)
-        finally:
-            prefilling[0] = False
-    monkeypatch.setattr(LiveBatch, "admit", admit_flagged)
-    monkeypatch.setattr(Linear, "_chunked", lambda self, x, rows: where.append(prefilling[0]) or chunked(self, x, rows))
-    prompts = random_prompts(12, target.config.vocab_size, seed=3)
-    batch = 3
-    assert batch < hardware.ROW_CHUNK_FROM
-    vanilla = dec.generate_ids(prompts, max_new_tokens=16, speculative=False, batch_size=batch)
-    spec = dec.generate_ids(prompts, max_new_tokens=16, batch_size=batch)
-    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
-    assert where and all(where)  # chunks in prefills, and only there
-    dec.row_chunk = None
-    where.clear()
-    dec.generate_ids(prompts[:3], max_new_tokens=4, speculative=False, batch_size=batch)
-    assert not where  # no row chunks on this device: none anywhere
