@@ -138,8 +138,8 @@ def write(row):
     """Append one run's row to bench/results/adaptation.md (the table keeps every run, with its machine)."""
     header = ("# Workload adaptation\n\n`python -m bench.adaptation` — τ = tokens per draft/verify round, fixed tree "
               "(k4, depth 5, 16 nodes), batch 1, greedy. 'gate' = eagle3.adapt's own held-out slice of the items it "
-              "was given; 'unseen' = items of the same style it never saw. 'identical' = decodes equal to the stored "
-              "vanilla outputs.\n\n| date | machine | style | items | epochs | lr | steps | gate τ general → adapted | "
+              "was given; 'unseen' = items of the same style it never saw. 'identical' = each head's decodes equal to "
+              "the engine's vanilla decode at batch 1. 'wall' excludes completing the items (cached under --work).\n\n| date | machine | style | items | epochs | lr | steps | gate τ general → adapted | "
               "installed | unseen τ general | unseen τ adapted | gain | identical | wall |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     adapted = row.get("unseen_adapted")
