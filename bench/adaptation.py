@@ -128,7 +128,7 @@ def main():
         adapted = adapt.load_head(target, report.version)
         tau_adapted, out_adapted = adapt.measure_tau(target, adapted, unseen, a.max_new_tokens)
         row.update(unseen_adapted=tau_adapted, identical_adapted=sum(o == w for o, w in zip(out_adapted, want)))
-    row["wall_s"] = time.time() - started
+    row["wall_s"] = time.time() - started - completed_s  # adaptation and evaluation only
     print(json.dumps(row))
     write(row)
     shutil.rmtree(scratch)
