@@ -13,8 +13,9 @@ Steps: (1) decode every item with the engine's vanilla greedy decode at batch 32
 for a greedy item (speculation is lossless), cached under --work so a rerun resumes; (2) `eagle3.adapt.adapt` on
 the first --items of them, exactly as `python -m eagle3.adapt --job ID` runs (its gate holds out --heldout of
 those); (3) τ of the general head and of the adapted one, fixed tree, batch 1, greedy, on the --unseen items that
-adaptation never saw, and whether both decodes equal the stored vanilla outputs. Heads are versioned under a
-temporary EAGLE3_MODELS_DIR, so the repository's shipped head is never replaced. Writes bench/results/adaptation.md.
+adaptation never saw, and whether both decodes equal the engine's vanilla decode at batch 1. Heads are versioned
+under a temporary EAGLE3_MODELS_DIR, so the repository's shipped head is never replaced. Writes
+bench/results/adaptation.md.
 """
 import argparse
 import json
@@ -34,8 +35,8 @@ OUT = Path(__file__).resolve().parent / "results" / "adaptation.md"
 
 # style: (text sources, material kind, the job's one instruction, the longest input in characters)
 STYLES = {
-    "explain-code": (("stdlib",), "code",
-                     "Explain what this Python function does in two or three sentences.\n\n```python\n{text}\n```", 900),
+    "explain-code": (("stdlib",), "code", "Explain what this Python function does in two or three sentences."
+                                          "\n\n```python\n{text}\n```", 900),
     "summarise": (("docs", "man"), "prose",
                   "Summarise the following text in two sentences.\n\n{text}", 900),
 }
@@ -139,13 +140,15 @@ def write(row):
     header = ("# Workload adaptation\n\n`python -m bench.adaptation` — τ = tokens per draft/verify round, fixed tree "
               "(k4, depth 5, 16 nodes), batch 1, greedy. 'gate' = eagle3.adapt's own held-out slice of the items it "
               "was given; 'unseen' = items of the same style it never saw. 'identical' = each head's decodes equal to "
-              "the engine's vanilla decode at batch 1. 'wall' excludes completing the items (cached under --work).\n\n| date | machine | style | items | epochs | lr | steps | gate τ general → adapted | "
-              "installed | unseen τ general | unseen τ adapted | gain | identical | wall |\n"
+              "the engine's vanilla decode at batch 1. 'wall' excludes completing the items (cached under --work)."
+              "\n\n| date | machine | style | items | epochs | lr | steps | gate τ general → adapted | installed | "
+              "unseen τ general | unseen τ adapted | gain | identical | wall |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     adapted = row.get("unseen_adapted")
     gain = f"{adapted - row['unseen_general']:+.2f}" if adapted is not None else "-"
-    line = (f"| {time.strftime('%Y-%m-%d')} | {hardware.describe()} | {row['style']} | {row['items']} | {row['epochs']} "
-            f"| {row['lr']} | {row['steps']} | {row['gate_general']:.2f} → {row['gate_adapted']:.2f} | "
+    line = (f"| {time.strftime('%Y-%m-%d')} | {hardware.describe()} | {row['style']} | {row['items']} "
+            f"| {row['epochs']} | {row['lr']} | {row['steps']} | "
+            f"{row['gate_general']:.2f} → {row['gate_adapted']:.2f} | "
             f"{'yes' if row['installed'] else 'no'} | {row['unseen_general']:.2f} | "
             f"{f'{adapted:.2f}' if adapted is not None else '-'} | {gain} | "
             f"{row['identical_general']}/{row['unseen']}, {row.get('identical_adapted', '-')}/{row['unseen']} | "

@@ -4,9 +4,9 @@ side by side, alternated, at several batch sizes; every output checked against t
 mode. Writes bench/results/row_chunks.md with the CPU flags.
 
     python -m bench.rowchunks [--batch 8 16 32 64] [--chunks 0 32 64] [--prompts 64] [--max-new-tokens 48]
-                              [--steps-from B]
+                              [--chunk-from B]
 
---steps-from B: only calls of batch >= B use the chunks (their prefills, steps and verify forwards; default 1: every
+--chunk-from B: only calls of batch >= B use the chunks (their prefills, steps and verify forwards; default 1: every
 call), as hardware.ROW_CHUNK_FROM decides in the engine.
 """
 import argparse
@@ -33,17 +33,17 @@ def main():
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--steps-from", type=int, default=1, help="batch size from which calls use the chunks")
+    ap.add_argument("--chunk-from", type=int, default=1, help="batch size from which calls use the chunks")
     ap.add_argument("--out", default=str(OUT))
     a = ap.parse_args()
     target = load_target()
     dec = SpeculativeDecoder(target, adaptive=False, parallel_degree=2, depth=3, total_tokens=4)
-    hardware.ROW_CHUNK_FROM = a.steps_from  # calls of this batch size or more use the chunks
+    hardware.ROW_CHUNK_FROM = a.chunk_from  # calls of this batch size or more use the chunks
     prompts = [p["prompt"] for p in heldout_prompts(a.prompts)]
     lines = ["# Row chunks vs the int4 kernel", "", f"`python -m bench.rowchunks {' '.join(sys.argv[1:])}` — "
              f"{time.strftime('%Y-%m-%d')}. Machine: {hardware.describe()}. {a.prompts} held-out prompts, "
              f"{a.max_new_tokens} new tokens max, greedy, {a.reps} alternated reps, calls chunked from batch "
-             f"{a.steps_from}. Tree: fixed, k 2, depth 3, 4 nodes. tok/s include the prefills. 'identical': "
+             f"{a.chunk_from}. Tree: fixed, k 2, depth 3, 4 nodes. tok/s include the prefills. 'identical': "
              "speculative outputs token-identical to the vanilla decode of the same mode.", "",
              "| batch | rows per GEMM call | vanilla tok/s | 4-node tree tok/s | identical |", "|---|---|---|---|---|"]
     for batch in a.batch:

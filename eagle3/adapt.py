@@ -102,8 +102,7 @@ def sequence_of(target, example):
     L = tokens.shape[1]
     cache = model.new_cache(1, L + 1)
     causal = torch.ones(1, L, L, dtype=torch.bool, device=dev).tril()
-    with row_chunks(hardware.row_chunk(model)):  # as a decode's prefill runs (eagle3/batch.py)
-        logits, feats = model(tokens, torch.arange(L, device=dev)[None], cache, causal)
+    logits, feats = model(tokens, torch.arange(L, device=dev)[None], cache, causal)
     argmax = greedy(logits[0]).cpu()
     P = len(prompt)
     predicted = argmax[P - 1: P - 1 + len(output)]  # what the target says follows each fed token
@@ -119,11 +118,14 @@ def sequence_of(target, example):
 def build_sequences(target, examples):
     """Training sequences (those with at least one kept token) and how many items were cut."""
     seqs, cut = [], 0
-    for ex in examples:
-        seq, kept = sequence_of(target, ex)
-        cut += kept < len(ex.output_ids)
-        if kept:
-            seqs.append(seq)
+    # Row chunks where the device has them (hardware.row_chunk): ~4x faster than the int4 kernel over a prompt's
+    # rows, and the numerics of batch >= 16 decodes; items from smaller batches differ on near-ties (MAX_DISAGREE).
+    with row_chunks(hardware.row_chunk(target.model)):
+        for ex in examples:
+            seq, kept = sequence_of(target, ex)
+            cut += kept < len(ex.output_ids)
+            if kept:
+                seqs.append(seq)
     return seqs, cut
 
 

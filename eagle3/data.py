@@ -86,9 +86,10 @@ def answer_shard(target, prompts, path, max_new_tokens, batch_size, sample_rows,
     is several times slower over a batch's prompt rows."""
     order = sorted(range(len(prompts)), key=lambda i: prompt_chars(prompts[i]))  # similar lengths: less padding
     seqs = [None] * len(prompts)
+    chunk = row_chunk(target.model)
     for i in range(0, len(order), batch_size):
         idx = order[i: i + batch_size]
-        with row_chunks(row_chunk(target.model)):
+        with row_chunks(chunk):
             answers = answer_batch(target, [prompts[j] for j in idx], max_new_tokens, [sample_rows[j] for j in idx],
                                    [temperatures[j] for j in idx], generator)
         for j, r in zip(idx, answers):
