@@ -16,7 +16,8 @@ from eagle3.prompts import heldout_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {"fp32 (reference)": dict(dtype="float32", int4=False), "bf16 dense": dict(dtype="bfloat16", int4=False),
-           "bf16 + int4 (GGUF Q4_1)": dict(dtype="bfloat16", int4=True)}
+           "bf16 + int4 (GGUF Q4_1)": dict(dtype="bfloat16", int4=True),
+           "fp32 + int8 (fbgemm, per-row activations)": dict(dtype="float32", int4=False, int8=True)}
 
 
 def first_divergence(a, b):

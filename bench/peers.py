@@ -26,8 +26,11 @@ from pathlib import Path
 import torch
 
 from eagle3 import SpeculativeDecoder, hardware, load_target
+from eagle3.layers import weight_format
 from eagle3.prompts import heldout_prompts, training_prompts
 from eagle3.target import default_gguf
+
+FORMATS = {"int4": " (the GGUF Q4_1 blocks as int4)", "int8": " (int8 linears through fbgemm, per-row int8 activations)"}
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,9 +113,9 @@ def main():
 
 def write(path, machine, target, prompt_len, a, tg, rows, compiled):
     dtype = str(target.model.embed_tokens.weight.dtype).removeprefix("torch.")
-    int4 = target.model.layers[0].mlp.down_proj._int4 is not None
+    fmt = weight_format(target.model)
     lines = [f"# Peers: llama.cpp vs this engine on the same GGUF ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
-             "", f"Machine: {machine}.", f"Engine: {dtype} weights{' (the GGUF Q4_1 blocks as int4)' if int4 else ''}; "
+             "", f"Machine: {machine}.", f"Engine: {dtype} weights{FORMATS.get(fmt, '')}; "
              f"{a.max_new_tokens} new tokens per sequence, prompts of ~{prompt_len} tokens; median of {a.reps} "
              "alternated repetitions. Decode tok/s (prefill excluded). `python -m bench.peers` wrote this file.", "",
              f"llama.cpp `llama-bench` tg{a.max_new_tokens} (batch 1, empty context): **{tg:.1f} tok/s**", "",

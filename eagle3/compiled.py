@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from .layers import attend, has_int4
+from .layers import attend, has_int4, has_int8
 
 BUCKETS = (1, 2, 4, 8, 16)  # new tokens per forward that compiled steps serve, padded up
 
@@ -108,7 +108,7 @@ def available(model) -> bool:
     """Whether compiled steps may run for this target: not switched off, and linears the compiler can trace."""
     if os.environ.get("EAGLE3_COMPILE", "1").lower() in ("0", "false", "no", "off"):
         return False
-    return model.embed_tokens.weight.device.type == "cuda" or has_int4(model)
+    return model.embed_tokens.weight.device.type == "cuda" or has_int4(model) or has_int8(model)
 
 
 @contextlib.contextmanager
@@ -137,8 +137,8 @@ def steps(shape) -> Steps:
 
 @lru_cache(maxsize=1)
 def _layers():
-    # graphs per bucket x (batch 1, 2+) x kind of target (dtype, sizes) in this process
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(BUCKETS))
+    # graphs per bucket x (batch 1, 2+) x kind of target (dtype, weight format, sizes) in this process
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16 * len(BUCKETS))
     # Dynamo checks guards on every module attribute and weight a graph reads before each call: 1.5 ms a step for
     # SmolLM2 (~10%). With dict tags it skips the modules whose attributes have not changed since it last saw them:
     # 0.9 ms (measured on the EPYC of the docstring, 50 steps under torch.profiler; batch-1 step medians over 3

@@ -14,7 +14,7 @@ from .adopt import as_target
 from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
 from .drafters import DRAFTERS
-from .layers import row_chunks
+from .layers import has_int8, row_chunks
 from .budget import PLAIN, DraftBudget
 from .profile import load_or_measure
 from .target import Target
@@ -72,7 +72,8 @@ def resolve_head(target: Target, draft) -> Eagle3Head:
              f"head (vocab {c.vocab_size}, target hidden {c.target_hidden_size}) does not fit the target "
              f"(vocab {tc.vocab_size}, hidden {tc.hidden_size})")
     w = target.model.embed_tokens.weight
-    return draft.to(device=w.device, dtype=w.dtype).eval().pack()
+    draft = draft.to(device=w.device, dtype=w.dtype).eval().pack()
+    return draft.use_int8() if has_int8(target.model) else draft
 
 
 class SpeculativeDecoder:

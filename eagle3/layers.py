@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import int8
+
 
 # Rows per dense GEMM call in "row-chunk" mode (None: off). See Linear and row_chunks().
 _ROW_CHUNK = contextvars.ContextVar("row_chunk", default=None)
@@ -25,7 +27,10 @@ def row_chunks(rows):
 
 
 def _can_pack(w: torch.Tensor) -> bool:
-    return w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+    if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    # oneDNN packs bf16 only where the CPU has bf16 conversions (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); not on AVX2
+    return w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class Linear(nn.Module):
@@ -38,6 +43,10 @@ class Linear(nn.Module):
       ~16 rows on: the int4 kernel gives each row the same bits however many rows share the call, and oneDNN's does
       not (its K=1536 down projection rounds differently at 1 and 64 rows), which in bf16 is enough to make a
       speculative decode drift from a plain one. The dense weight is set to the same values (training, fallback).
+    - int8 weights with int8 activations (fbgemm), on CPUs without native bf16 (AVX2): per output channel int8 weights,
+      each activation row quantised on its own (eagle3/int8.py), so a row gets the same bits whatever else shares the
+      call (integer sums are exact). A quarter of fp32's bytes, and little dearer at 8 rows than at 1
+      (bench/results/linears.md).
     Both are inference-only (no autograd through them)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
@@ -46,6 +55,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._packed = None
         self._int4 = None  # (packed weight, scales_and_zeros, group size)
+        self._int8 = None  # handle of fbgemm's packed int8 weight (eagle3/int8.py)
         self.chunkable = False  # follows layers.row_chunks (the target's linears)
         self.fixed_chunk = None  # rows per call outside row_chunks too (the target's dense lm_head)
 
@@ -69,6 +79,10 @@ class Linear(nn.Module):
         if self._packed is not None:
             self.pack()
 
+    def set_int8(self):
+        """An int8 copy of the dense weight for fbgemm (eagle3/int8.py), used from now on."""
+        self._int8 = int8.pack(self.weight, self)
+
     def forward(self, x):
         if torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
@@ -82,6 +96,9 @@ class Linear(nn.Module):
             packed, sz, group = self._int4
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), packed, group, sz)
             y = y.view(*x.shape[:-1], -1)
+            return y if self.bias is None else y + self.bias
+        if self._int8 is not None:
+            y = int8.linear(x, self._int8, self.weight.shape[0])
             return y if self.bias is None else y + self.bias
         if self._packed is not None and not torch.compiler.is_compiling():  # opaque to the compiler
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
@@ -110,6 +127,18 @@ class Linear(nn.Module):
 def has_int4(model) -> bool:
     """Whether any Linear of the model runs the int4 kernel."""
     return any(isinstance(m, Linear) and m._int4 is not None for m in model.modules())
+
+
+def has_int8(model) -> bool:
+    """Whether any Linear of the model runs fbgemm's int8 kernel."""
+    return any(isinstance(m, Linear) and m._int8 is not None for m in model.modules())
+
+
+def weight_format(model) -> str:
+    """'int4', 'int8' or the dense weights' dtype: what a profile or a report should name."""
+    if has_int4(model):
+        return "int4"
+    return "int8" if has_int8(model) else str(model.embed_tokens.weight.dtype).removeprefix("torch.")
 
 
 def int4_supported(w: torch.Tensor) -> bool:
@@ -286,15 +315,19 @@ def stream_dtype(weight: torch.Tensor):
     return torch.float32 if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 else weight.dtype
 
 
-def cache_dtype(weight: torch.Tensor):
-    """K/V and attention dtype for a model whose weights are `weight`'s.
+def cache_dtype(weight: torch.Tensor, quantized=False):
+    """K/V and attention dtype for a model whose weights are `weight`'s (`quantized`: its linears quantise their
+    activations, eagle3/int8.py).
 
-    With bf16 weights on a CPU: float64. Every other op of a forward gives a token the same bits whether it is
+    With bf16 weights on a CPU, or quantised activations: float64. Every other op of a forward gives a token the same bits whether it is
     decoded alone or verified among 16 tree nodes (the linears and norms are row-invariant there), but attention
     sums in an order that depends on the query and key counts. In fp32 that ~1e-7 difference would flip bf16 roundings
     downstream and make speculative output drift from plain decoding; in float64 it stays ~1e-16 and never does. (It
-    is also ~5x faster than bf16 attention on a CPU.) Elsewhere the weights' own dtype."""
-    return torch.float64 if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 else weight.dtype
+    is also ~5x faster than bf16 attention on a CPU.) The same holds for int8 activations' roundings. Elsewhere the
+    weights' own dtype."""
+    if weight.device.type == "cpu" and (weight.dtype == torch.bfloat16 or quantized):
+        return torch.float64
+    return weight.dtype
 
 
 def attention_mask(lens, tree_mask, total_len):

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from . import compiled, hardware
-from .layers import has_int4, row_chunks
+from .layers import row_chunks, weight_format
 from .target import cache_dir
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -46,13 +46,13 @@ def _interp(x, xs, ys):
 
 
 def profile_key(target) -> str:
-    """What the cost depends on: the machine, the target (name and size), its dtype and device, int4 layers or not,
+    """What the cost depends on: the machine, the target (name and size), its dtype and device, weight format,
     row chunks and compiled steps."""
     w = target.model.embed_tokens.weight
-    int4 = has_int4(target.model)
     params = sum(p.numel() for p in target.model.parameters())
     chunk = hardware.row_chunk(target.model)
-    return (f"{hardware.describe()} | {target.name} ({params} parameters) | {w.dtype} | {w.device} | int4={int4} | "
+    return (f"{hardware.describe()} | {target.name} ({params} parameters) | {w.dtype} | {w.device} | "
+            f"weights {weight_format(target.model)} | "
             f"row chunks {chunk} from {hardware.ROW_CHUNK_FROM} rows | compiled steps {compiled.available(target.model)}")
 
 

@@ -15,8 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from . import compiled
 from .hardware import default_dtype, parse_dtype
-from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, int4_supported,
-                     pack_linears, rotate, stream_dtype)
+from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, has_int4, has_int8,
+                     int4_supported, pack_linears, rotate, stream_dtype)
+from .int8 import supported as int8_supported
 from .quant import load_q4_1, quantize_layers_q4
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -124,7 +125,8 @@ class LlamaModel(nn.Module):
 
     def new_cache(self, batch, max_len):
         c, w = self.config, self.embed_tokens.weight
-        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim, cache_dtype(w), w.device)
+        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim,
+                       cache_dtype(w, has_int8(self)), w.device)
 
     @torch.no_grad()
     def forward(self, tokens, positions, cache, tree_mask, logits_at=None):
@@ -175,6 +177,15 @@ class LlamaModel(nn.Module):
         # runs in fixed 16-row calls (which cost what 1 row does on AMX). Elsewhere a 16-row call costs ~1.8x a 1-row
         # one (AVX-512 EPYC: 3.0 vs 1.7 ms), so the probe decides.
         self.lm_head.fixed_chunk = None if self.lm_head.row_invariant() else LM_HEAD_ROWS
+        return self
+
+    def use_int8(self):
+        """fbgemm int8 weights for every linear of the layers and the lm_head (eagle3/int8.py): a quarter of fp32's
+        bytes per step on CPUs without native bf16. Row-invariant, so the lm_head needs no fixed row chunks."""
+        for m in [*self.layers.modules(), self.lm_head]:
+            if isinstance(m, Linear):
+                m.set_int8()
+                m.fixed_chunk = None
         return self
 
 
@@ -374,29 +385,38 @@ def random_model(config: TargetConfig, seed=0, dtype=torch.float64, scale=0.08):
 
 
 def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=None, max_context=None,
-                int4=None) -> Target:
+                int4=None, int8=None) -> Target:
     """Load a target: DEFAULT_TARGET (embedded GGUF, cached), "tiny" (random, float64 unless dtype says otherwise,
     byte tokenizer) or a local Hugging Face Llama/Qwen2/Mistral directory.
 
     dtype: None picks by hardware (eagle3.hardware.default_dtype: EAGLE3_DTYPE, else bf16 on CUDA and on CPUs with
     native bf16, else fp32). int4: the default target's Q4_1 weights as int4 linears (quant.py);
     None = EAGLE3_INT4 if set, else on wherever the int4 kernel has a fast path (bf16 on a CPU). True for another model
-    re-quantises its layers (lossy: no longer exactly that checkpoint)."""
+    re-quantises its layers (lossy: no longer exactly that checkpoint). int8: fbgemm int8 linears (LlamaModel.use_int8);
+    None = EAGLE3_INT8 if set, else on for the default target when the hardware picked fp32 (x86 CPUs without native
+    bf16: int8 streams a quarter of fp32's bytes); an explicit dtype="float32" computes in fp32. True re-quantises
+    (lossy: like int4, no longer exactly the checkpoint)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if name == "tiny":
         model = random_model(tiny_config(), dtype=parse_dtype(dtype) if dtype is not None else torch.float64)
         model = model.to(device).pack()
         if int4:
             quantize_layers_q4(model)
+        if int8:
+            model.use_int8()
         return Target(model, ByteTokenizer(), "tiny", max_context)
     path = _model_dir(name)
     config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
+    by_hardware = dtype is None and not os.environ.get("EAGLE3_DTYPE")
     dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
     model = build_model(config, _read_hf_weights(path), device, dtype)
     if name == DEFAULT_TARGET and _want_int4(int4, model):
         load_q4_1(model, default_gguf())  # exactly the GGUF's Q4_1 weights
     elif int4:
         quantize_layers_q4(model)  # asked for explicitly: re-quantised, so no longer exactly this checkpoint
+    int8_default = name == DEFAULT_TARGET and by_hardware and int8_supported(model.embed_tokens.weight)
+    if not has_int4(model) and _want("EAGLE3_INT8", int8, int8_default):
+        model.use_int8()
     return Target(model, HFTokenizer(path), _display_name(name, path), max_context)
 
 
@@ -410,9 +430,14 @@ def build_model(config: TargetConfig, hf_state: dict, device, dtype) -> LlamaMod
 
 
 def _want_int4(int4, model) -> bool:
-    if int4 is None and os.environ.get("EAGLE3_INT4"):
-        int4 = os.environ["EAGLE3_INT4"].lower() not in ("0", "false", "no", "off")
-    return int4_supported(model.embed_tokens.weight) if int4 is None else bool(int4)
+    return _want("EAGLE3_INT4", int4, int4_supported(model.embed_tokens.weight))
+
+
+def _want(env, asked, default) -> bool:
+    """An explicit argument, else the environment variable if set, else the default."""
+    if asked is None and os.environ.get(env):
+        asked = os.environ[env].lower() not in ("0", "false", "no", "off")
+    return default if asked is None else bool(asked)
 
 
 def load_tokenizer(name: str = DEFAULT_TARGET, max_context=None) -> Target:

@@ -12,15 +12,18 @@ from eagle3.tree import prune
 from eagle3.target import ByteTokenizer, Target, _default_model_dir, random_model, tiny_config
 
 
-def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512, dtype=torch.float64):
+def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512, dtype=torch.float64, int8=False):
     """A tiny Llama over a tiny vocabulary: an untrained draft head guesses its tokens often, so multi-token
     acceptance (and the KV commit that goes with it) happens in every test. dtype bf16: the engine's reduced-precision
-    CPU path (int4 layers, fp32 residual stream, float64 attention), as the default target runs on bf16 CPUs."""
+    CPU path (int4 layers, fp32 residual stream, float64 attention), as the default target runs on bf16 CPUs.
+    int8 (with dtype fp32): the AVX2 path (fbgemm int8 linears with per-row activation scales, float64 attention)."""
     cfg = tiny_config(vocab=vocab, layers=layers, max_pos=max_pos)
     cfg.eos_token_ids = []
     model = random_model(cfg, seed=seed, scale=scale, dtype=dtype).pack()
     if dtype == torch.bfloat16:
         quantize_layers_q4(model)
+    if int8:
+        model.use_int8()
     return Target(model, ByteTokenizer(), f"tiny-v{vocab}")
 
 

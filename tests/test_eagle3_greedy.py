@@ -46,6 +46,22 @@ def test_greedy_matches_vanilla_in_bf16_with_int4(batch):
     assert dec.last_stats["accept_length"] > 1.15
 
 
+@pytest.mark.parametrize("batch", [1, 5])
+def test_greedy_matches_vanilla_with_int8(batch):
+    """The AVX2 path is lossless too: int8 linears quantise each activation row on its own and sum in integers, so
+    a row gets the same bits at any row count; attention runs in float64 so no rounding of an activation flips."""
+    target = small_vocab_target(dtype=torch.float32, int8=True)
+    assert target.model.layers[0].mlp.down_proj._int8 is not None and target.model.lm_head._int8 is not None
+    assert target.model.new_cache(1, 4).dtype == torch.float64
+    dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
+    assert dec.head.fc._int8 is not None  # the head follows the target's weights
+    prompts = random_prompts(40, target.config.vocab_size, seed=5)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
+    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert dec.last_stats["accept_length"] > 1.15
+
+
 def test_full_tree_accepts_every_level(target):
     """With k = vocabulary size and every node kept, the tree holds every continuation: each round must accept
     both drafted levels plus the bonus token, exactly."""
@@ -139,10 +155,11 @@ def test_eos_stops_a_row(target):
         target.eos_ids = []
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_real_default_target_greedy_identical(dtype):
-    """Both dtypes the engine picks by hardware (bf16 with the GGUF's int4 weights, or fp32)."""
-    target = load_target(dtype=dtype)
+    """Every weight format the engine picks by hardware (bf16 with the GGUF's int4 weights; int8 on CPUs without
+    native bf16) and fp32."""
+    target = load_target(dtype="float32", int8=True) if dtype == "int8" else load_target(dtype=dtype)
     dec = SpeculativeDecoder(target)
     prompts = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers.",
                "Explain what a CPU does in one sentence."]
@@ -195,7 +212,9 @@ def test_greedy_matches_vanilla_in_row_chunk_mode(monkeypatch):
     from eagle3 import hardware
     from eagle3.layers import Linear
 
-    target = small_vocab_target(dtype=torch.bfloat16)
+    # bf16 int4 as on AMX CPUs; where oneDNN cannot pack bf16 (AVX2), fp32 dense layers take the same chunked path
+    bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    target = small_vocab_target(dtype=torch.bfloat16 if bf16 else torch.float32)
     dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
     dec.row_chunk = 8  # small, so verify forwards span many chunks
     calls = []

@@ -57,3 +57,35 @@ def test_dtype_follows_the_hardware_and_the_override(monkeypatch):
     with pytest.raises(ValueError, match="dtype"):
         hardware.parse_dtype("int3")
     assert "flags" in hardware.describe()
+
+
+def test_int8_linear_gives_each_row_the_same_bits_at_any_row_count():
+    """fbgemm's int8 GEMM with one activation scale per row (eagle3/int8.py): a row's result does not depend on the
+    rows beside it, however large they are, and it stays close to the fp32 product."""
+    torch.manual_seed(0)
+    lin = Linear(256, 96)
+    lin.weight.data.normal_(0, 0.05)
+    lin.set_int8()
+    x = torch.randn(300, 256) * torch.logspace(-2, 2, 300)[:, None]  # rows of very different scales
+    with torch.no_grad():
+        alone = torch.cat([lin(x[i: i + 1]) for i in range(len(x))])
+        for m in (2, 4, 16, 64, 300):
+            assert torch.equal(lin(x[:m]), alone[:m])
+        assert torch.equal(lin(x[None, 7:40]), alone[None, 7:40])  # leading dims are rows too
+        dense = torch.nn.functional.linear(x, lin.weight)
+    err = (alone - dense).norm(dim=1) / dense.norm(dim=1)
+    assert err.max() < 0.03, err.max()
+
+
+def test_int8_is_the_default_only_where_the_hardware_picks_fp32(monkeypatch):
+    """int8 for the default target when fp32 was picked by hardware (no native bf16); an explicit float32 stays fp32."""
+    from eagle3 import hardware
+    from eagle3.layers import has_int8
+
+    monkeypatch.delenv("EAGLE3_DTYPE", raising=False)
+    monkeypatch.delenv("EAGLE3_INT8", raising=False)
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
+    assert has_int8(load_target().model)
+    assert not has_int8(load_target(dtype="float32").model)
+    monkeypatch.setenv("EAGLE3_INT8", "0")
+    assert not has_int8(load_target().model)
