@@ -15,7 +15,7 @@ from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
 from .drafters import DRAFTERS
 from .layers import has_int8, row_chunks
-from .budget import PLAIN, DraftBudget
+from .budget import PLAIN, DraftBudget, unpadded
 from .profile import load_or_measure
 from .target import Target
 from .tree import root_only
@@ -236,7 +236,7 @@ class SpeculativeDecoder:
         chunk = self.row_chunk if min(batch_size, len(ids)) >= hardware.ROW_CHUNK_FROM else None
         steps_on = self.compiled and chunk is None
         if self.budget:  # a tree costs what its compiled bucket does
-            self.budget.padded = compiled.bucket if steps_on else (lambda nodes: nodes)
+            self.budget.padded = compiled.bucket if steps_on else unpadded
         with row_chunks(chunk), compiled.compiled_steps(steps_on):
             if speculative:
                 drafter = DRAFTERS[self.drafter](self.target, self.head, self.configured)
