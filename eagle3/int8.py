@@ -1,5 +1,10 @@
 """int8 linears for CPUs without native bf16 (AVX2): fbgemm's int8 GEMM, with each activation row quantised on its own.
 
+Opt-in (load_target(int8=True), EAGLE3_INT8=1): it is lossless against its own vanilla decode, but 7-bit per-row
+activations change the model itself. Greedy output leaves the fp32 reference within a few tokens on most held-out
+prompts (bench/results/drift_avx2.md); the activations' outlier channels, not the int8 weights, cause it. Moving
+those outliers into the weights (SmoothQuant) is what would let it be the default.
+
 Why: on such CPUs the engine runs fp32, and a batch-1 step streams 540 MB of fp32 weights; torch's int4 kernel has no
 fast AVX2 path past a row or two. fbgemm's int8 GEMM streams a quarter of fp32's bytes and stays nearly flat up to
 ~8 rows (the kernel alone: 11.7 ms for a forward's layers at 1 row, 18.7 at 8, on a 2-core AVX2 EPYC; fp32 oneDNN

@@ -392,10 +392,9 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     dtype: None picks by hardware (eagle3.hardware.default_dtype: EAGLE3_DTYPE, else bf16 on CUDA and on CPUs with
     native bf16, else fp32). int4: the default target's Q4_1 weights as int4 linears (quant.py);
     None = EAGLE3_INT4 if set, else on wherever the int4 kernel has a fast path (bf16 on a CPU). True for another model
-    re-quantises its layers (lossy: no longer exactly that checkpoint). int8: fbgemm int8 linears (LlamaModel.use_int8);
-    None = EAGLE3_INT8 if set, else on for the default target when the hardware picked fp32 (x86 CPUs without native
-    bf16: int8 streams a quarter of fp32's bytes); an explicit dtype="float32" computes in fp32. True re-quantises
-    (lossy: like int4, no longer exactly the checkpoint)."""
+    re-quantises its layers (lossy: no longer exactly that checkpoint). int8: fbgemm int8 linears for fp32 on x86
+    (LlamaModel.use_int8): 1.8-2.2x faster decoding on AVX2-only CPUs, but 7-bit activations change the model's
+    greedy choices (bench/results/drift_avx2.md), so opt-in: None = EAGLE3_INT8 if set, else off."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if name == "tiny":
         model = random_model(tiny_config(), dtype=parse_dtype(dtype) if dtype is not None else torch.float64)
@@ -407,15 +406,15 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
         return Target(model, ByteTokenizer(), "tiny", max_context)
     path = _model_dir(name)
     config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
-    by_hardware = dtype is None and not os.environ.get("EAGLE3_DTYPE")
     dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
     model = build_model(config, _read_hf_weights(path), device, dtype)
     if name == DEFAULT_TARGET and _want_int4(int4, model):
         load_q4_1(model, default_gguf())  # exactly the GGUF's Q4_1 weights
     elif int4:
         quantize_layers_q4(model)  # asked for explicitly: re-quantised, so no longer exactly this checkpoint
-    int8_default = name == DEFAULT_TARGET and by_hardware and int8_supported(model.embed_tokens.weight)
-    if not has_int4(model) and _want("EAGLE3_INT8", int8, int8_default):
+    if not has_int4(model) and _want("EAGLE3_INT8", int8, False):
+        if not int8_supported(model.embed_tokens.weight):
+            raise ValueError("int8: needs fp32 weights on an x86 CPU (fbgemm)")
         model.use_int8()
     return Target(model, HFTokenizer(path), _display_name(name, path), max_context)
 

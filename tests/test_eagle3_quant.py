@@ -77,15 +77,17 @@ def test_int8_linear_gives_each_row_the_same_bits_at_any_row_count():
     assert err.max() < 0.03, err.max()
 
 
-def test_int8_is_the_default_only_where_the_hardware_picks_fp32(monkeypatch):
-    """int8 for the default target when fp32 was picked by hardware (no native bf16); an explicit float32 stays fp32."""
+def test_int8_is_opt_in(monkeypatch):
+    """int8 changes the model's greedy choices (per-row 7-bit activations), so only an explicit ask turns it on."""
     from eagle3 import hardware
     from eagle3.layers import has_int8
 
     monkeypatch.delenv("EAGLE3_DTYPE", raising=False)
     monkeypatch.delenv("EAGLE3_INT8", raising=False)
-    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
-    assert has_int8(load_target().model)
-    assert not has_int8(load_target(dtype="float32").model)
-    monkeypatch.setenv("EAGLE3_INT8", "0")
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)  # the hardware picks fp32
     assert not has_int8(load_target().model)
+    assert has_int8(load_target(int8=True).model)
+    monkeypatch.setenv("EAGLE3_INT8", "1")
+    assert has_int8(load_target().model)
+    with pytest.raises(ValueError, match="int8"):
+        load_target(dtype="bfloat16", int4=False)
