@@ -15,8 +15,9 @@ tree nodes share a forward (tests/test_eagle3_compiled.py), so verification acce
 and a prompt decodes alike at any batch size. (Keys that sit in other places than in an eager forward change
 float64 attention's summation order by ~1e-16, which never reaches a bf16 rounding: layers.cache_dtype.)
 
-Off with EAGLE3_COMPILE=0. On by default where the target's linears are the int4 kernel (CPUs with bf16) or on CUDA:
-the fp32 CPU path's oneDNN-packed weights are opaque to the compiler, which would fall back to plain (slower) GEMMs.
+Off with EAGLE3_COMPILE=0. On by default where the target's linears are the int4 kernel (CPUs with bf16), fbgemm's
+int8 one (eagle3/int8.py, an opaque library op) or on CUDA: the fp32 CPU path's oneDNN-packed weights are opaque to
+the compiler, which would fall back to plain (slower) GEMMs.
 Calls that use row chunks (layers.row_chunks, AMX CPUs from 16 rows) stay eager.
 
 Measured on a 2-core AVX-512 BF16 VM (no AMX), SmolLM2-135M int4, batch 1, one new token at a context of 60-210,
