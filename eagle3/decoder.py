@@ -14,7 +14,7 @@ from .adopt import as_target
 from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
 from .drafters import DRAFTERS
-from .layers import has_int8, row_chunks
+from .layers import has_int8, int8_linears, row_chunks
 from .budget import PLAIN, DraftBudget, unpadded
 from .profile import load_or_measure
 from .target import Target
@@ -73,7 +73,7 @@ def resolve_head(target: Target, draft) -> Eagle3Head:
              f"(vocab {tc.vocab_size}, hidden {tc.hidden_size})")
     w = target.model.embed_tokens.weight
     draft = draft.to(device=w.device, dtype=w.dtype).eval().pack()
-    return draft.use_int8() if has_int8(target.model) else draft
+    return int8_linears(draft) if has_int8(target.model) else draft  # the head follows the target's format
 
 
 class SpeculativeDecoder:

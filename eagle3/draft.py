@@ -172,14 +172,6 @@ class Eagle3Head(nn.Module):
     def pack(self):
         return pack_linears(self)
 
-    def use_int8(self):
-        """fbgemm int8 linears (eagle3/int8.py), as a target with int8 linears uses: the head's fp32 weights (39 MB for
-        SmolLM2's) would otherwise cost a third of an int8 target step per draft step."""
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.set_int8()
-        return self
-
     # ------------------------------------------------------------ forward
 
     def forward(self, emb, hidden, positions, cache, tree_mask, offset=0):

@@ -33,7 +33,8 @@ _handles = itertools.count()
 
 def supported(w: torch.Tensor) -> bool:
     """For fp32 weights on an x86 CPU (fbgemm)."""
-    return w.device.type == "cpu" and w.dtype == torch.float32 and "fbgemm" in torch.backends.quantized.supported_engines
+    fbgemm = "fbgemm" in torch.backends.quantized.supported_engines
+    return w.device.type == "cpu" and w.dtype == torch.float32 and fbgemm
 
 
 def pack(weight: torch.Tensor, owner) -> torch.Tensor:

@@ -47,7 +47,7 @@ class Linear(nn.Module):
       each activation row quantised on its own (eagle3/int8.py), so a row gets the same bits whatever else shares the
       call (integer sums are exact). A quarter of fp32's bytes, and little dearer at 8 rows than at 1
       (bench/results/linears.md).
-    Both are inference-only (no autograd through them)."""
+    All are inference-only (no autograd through them)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
@@ -80,8 +80,10 @@ class Linear(nn.Module):
             self.pack()
 
     def set_int8(self):
-        """An int8 copy of the dense weight for fbgemm (eagle3/int8.py), used from now on."""
+        """An int8 copy of the dense weight for fbgemm (eagle3/int8.py), used from now on. Its rows are invariant, so
+        no fixed row chunk (which would route calls to the dense weight) is needed."""
         self._int8 = int8.pack(self.weight, self)
+        self.fixed_chunk = None
 
     def forward(self, x):
         if torch.is_grad_enabled():
@@ -151,6 +153,16 @@ def pack_linears(module, on=True):
     for m in module.modules():
         if isinstance(m, Linear):
             m.pack() if on else m.unpack()
+    return module
+
+
+def int8_linears(module):
+    """Give every Linear under `module` fbgemm int8 weights (eagle3/int8.py): the target's layers and lm_head, or a
+    draft head's linears (its fp32 weights, 39 MB for SmolLM2's, would cost a third of an int8 target step per draft
+    step)."""
+    for m in module.modules():
+        if isinstance(m, Linear):
+            m.set_int8()
     return module
 
 
@@ -319,8 +331,8 @@ def cache_dtype(weight: torch.Tensor, quantized=False):
     """K/V and attention dtype for a model whose weights are `weight`'s (`quantized`: its linears quantise their
     activations, eagle3/int8.py).
 
-    With bf16 weights on a CPU, or quantised activations: float64. Every other op of a forward gives a token the same bits whether it is
-    decoded alone or verified among 16 tree nodes (the linears and norms are row-invariant there), but attention
+    With bf16 weights on a CPU, or quantised activations: float64. Every other op of a forward gives a token the same
+    bits whether it is decoded alone or verified among 16 tree nodes (the linears and norms are row-invariant there), but attention
     sums in an order that depends on the query and key counts. In fp32 that ~1e-7 difference would flip bf16 roundings
     downstream and make speculative output drift from plain decoding; in float64 it stays ~1e-16 and never does. (It
     is also ~5x faster than bf16 attention on a CPU.) The same holds for int8 activations' roundings. Elsewhere the

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from . import compiled
 from .hardware import default_dtype, parse_dtype
 from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, has_int4, has_int8,
-                     int4_supported, pack_linears, rotate, stream_dtype)
+                     int4_supported, int8_linears, pack_linears, rotate, stream_dtype)
 from .int8 import supported as int8_supported
 from .quant import load_q4_1, quantize_layers_q4
 
@@ -177,15 +177,6 @@ class LlamaModel(nn.Module):
         # runs in fixed 16-row calls (which cost what 1 row does on AMX). Elsewhere a 16-row call costs ~1.8x a 1-row
         # one (AVX-512 EPYC: 3.0 vs 1.7 ms), so the probe decides.
         self.lm_head.fixed_chunk = None if self.lm_head.row_invariant() else LM_HEAD_ROWS
-        return self
-
-    def use_int8(self):
-        """fbgemm int8 weights for every linear of the layers and the lm_head (eagle3/int8.py): a quarter of fp32's
-        bytes per step on CPUs without native bf16. Row-invariant, so the lm_head needs no fixed row chunks."""
-        for m in [*self.layers.modules(), self.lm_head]:
-            if isinstance(m, Linear):
-                m.set_int8()
-                m.fixed_chunk = None
         return self
 
 
@@ -393,7 +384,7 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     native bf16, else fp32). int4: the default target's Q4_1 weights as int4 linears (quant.py);
     None = EAGLE3_INT4 if set, else on wherever the int4 kernel has a fast path (bf16 on a CPU). True for another model
     re-quantises its layers (lossy: no longer exactly that checkpoint). int8: fbgemm int8 linears for fp32 on x86
-    (LlamaModel.use_int8): 1.8-2.2x faster decoding on AVX2-only CPUs, but 7-bit activations change the model's
+    (layers.int8_linears): 1.8-2.2x faster decoding on AVX2-only CPUs, but 7-bit activations change the model's
     greedy choices (bench/results/drift_avx2.md), so opt-in: None = EAGLE3_INT8 if set, else off."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if name == "tiny":
@@ -402,7 +393,7 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
         if int4:
             quantize_layers_q4(model)
         if int8:
-            model.use_int8()
+            int8_linears(model)
         return Target(model, ByteTokenizer(), "tiny", max_context)
     path = _model_dir(name)
     config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
@@ -415,7 +406,7 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     if not has_int4(model) and _want("EAGLE3_INT8", int8, False):
         if not int8_supported(model.embed_tokens.weight):
             raise ValueError("int8: needs fp32 weights on an x86 CPU (fbgemm)")
-        model.use_int8()
+        int8_linears(model)
     return Target(model, HFTokenizer(path), _display_name(name, path), max_context)
 
 

@@ -7,6 +7,7 @@ import torch
 from eagle3 import SpeculativeDecoder
 from eagle3.budget import PLAIN, DraftBudget
 from eagle3.draft import Eagle3Head, HeadConfig
+from eagle3.layers import int8_linears
 from eagle3.quant import quantize_layers_q4
 from eagle3.tree import prune
 from eagle3.target import ByteTokenizer, Target, _default_model_dir, random_model, tiny_config
@@ -23,7 +24,7 @@ def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512, dtype=
     if dtype == torch.bfloat16:
         quantize_layers_q4(model)
     if int8:
-        model.use_int8()
+        int8_linears(model)
     return Target(model, ByteTokenizer(), f"tiny-v{vocab}")
 
 
