@@ -62,7 +62,10 @@ FORMATS = ("fp32 (oneDNN)", "bf16 (oneDNN)", "int4 (bf16 activations)", "int8 (f
 
 def run(mods, rows, kernel_only=False):
     dt = mods[0].weight.dtype
-    xs = {k: torch.randn(rows, k).to(dt) for k in {m.weight.shape[1] for m in mods}}
+    if kernel_only:  # what the kernel sees: each row as two digits (eagle3/int8.py)
+        xs = {k: torch.randint(-64, 65, (2 * rows, k)).to(dt) for k in {m.weight.shape[1] for m in mods}}
+    else:
+        xs = {k: torch.randn(rows, k).to(dt) for k in {m.weight.shape[1] for m in mods}}
     start = time.perf_counter()
     for m in mods:
         int8.mm(xs[m.weight.shape[1]], m._int8) if kernel_only else m(xs[m.weight.shape[1]])

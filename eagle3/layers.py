@@ -56,6 +56,7 @@ class Linear(nn.Module):
         self._packed = None
         self._int4 = None  # (packed weight, scales_and_zeros, group size)
         self._int8 = None  # handle of fbgemm's packed int8 weight (eagle3/int8.py)
+        self._int8_digits = 1
         self.chunkable = False  # follows layers.row_chunks (the target's linears)
         self.fixed_chunk = None  # rows per call outside row_chunks too (the target's dense lm_head)
 
@@ -79,10 +80,10 @@ class Linear(nn.Module):
         if self._packed is not None:
             self.pack()
 
-    def set_int8(self):
-        """An int8 copy of the dense weight for fbgemm (eagle3/int8.py), used from now on. Its rows are invariant, so
-        no fixed row chunk (which would route calls to the dense weight) is needed."""
-        self._int8 = int8.pack(self.weight, self)
+    def set_int8(self, digits=1):
+        """An int8 copy of the dense weight for fbgemm (eagle3/int8.py), with `digits` int8 digits, used from now on.
+        Its rows are invariant, so no fixed row chunk (which would route calls to the dense weight) is needed."""
+        self._int8, self._int8_digits = int8.pack(self.weight, self, digits), digits
         self.fixed_chunk = None
 
     def forward(self, x):
@@ -100,7 +101,7 @@ class Linear(nn.Module):
             y = y.view(*x.shape[:-1], -1)
             return y if self.bias is None else y + self.bias
         if self._int8 is not None:
-            y = int8.linear(x, self._int8, self.weight.shape[0])
+            y = int8.linear(x, self._int8, self.weight.shape[0], self._int8_digits)
             return y if self.bias is None else y + self.bias
         if self._packed is not None and not torch.compiler.is_compiling():  # opaque to the compiler
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
@@ -156,13 +157,13 @@ def pack_linears(module, on=True):
     return module
 
 
-def int8_linears(module):
+def int8_linears(module, lm_head_digits=1):
     """Give every Linear under `module` fbgemm int8 weights (eagle3/int8.py): the target's layers and lm_head, or a
     draft head's linears (its fp32 weights, 39 MB for SmolLM2's, would cost a third of an int8 target step per draft
-    step)."""
+    step). lm_head_digits=2: the module's lm_head keeps ~15-bit weights (a target's greedy choices hang on it)."""
     for m in module.modules():
         if isinstance(m, Linear):
-            m.set_int8()
+            m.set_int8(lm_head_digits if m is getattr(module, "lm_head", None) else 1)
     return module
 
 

@@ -393,7 +393,7 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
         if int4:
             quantize_layers_q4(model)
         if int8:
-            int8_linears(model)
+            int8_linears(model, lm_head_digits=2)
         return Target(model, ByteTokenizer(), "tiny", max_context)
     path = _model_dir(name)
     config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
@@ -406,7 +406,7 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     if not has_int4(model) and _want("EAGLE3_INT8", int8, False):
         if not int8_supported(model.embed_tokens.weight):
             raise ValueError("int8: needs fp32 weights on an x86 CPU (fbgemm)")
-        int8_linears(model)
+        int8_linears(model, lm_head_digits=2)
     return Target(model, HFTokenizer(path), _display_name(name, path), max_context)
 
 

@@ -24,7 +24,7 @@ def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512, dtype=
     if dtype == torch.bfloat16:
         quantize_layers_q4(model)
     if int8:
-        int8_linears(model)
+        int8_linears(model, lm_head_digits=2)
     return Target(model, ByteTokenizer(), f"tiny-v{vocab}")
 
 
