@@ -79,8 +79,9 @@ def _(x, handle, out_features):
 def linear(x: torch.Tensor, handle: torch.Tensor, out_features: int, digits: int = 1) -> torch.Tensor:
     """x @ W.T for the weight packed under `handle` (with `digits`), each row of x quantised with its own scale."""
     flat = x.reshape(-1, x.shape[-1])
-    r = flat.abs().amax(-1, keepdim=True).clamp(min=1e-30) / ACT_LEVELS
-    v = (flat / r).round()
+    # Explicit reciprocals and products, which inductor emits as written, so compiled steps give eager's bits
+    r = flat.abs().amax(-1, keepdim=True).clamp(min=1e-30) * (1 / ACT_LEVELS)
+    v = (flat * (1 / r)).round()
     hi = (v / DIGIT).round()
     y = torch.ops.eagle3.int8_mm(torch.cat([hi, v - DIGIT * hi]), handle, out_features * digits)  # one call
     if digits > 1:

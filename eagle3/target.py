@@ -384,8 +384,9 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     native bf16, else fp32). int4: the default target's Q4_1 weights as int4 linears (quant.py);
     None = EAGLE3_INT4 if set, else on wherever the int4 kernel has a fast path (bf16 on a CPU). True for another model
     re-quantises its layers (lossy: no longer exactly that checkpoint). int8: fbgemm int8 linears for fp32 on x86
-    (layers.int8_linears): 1.8-2.2x faster decoding on AVX2-only CPUs, but 7-bit activations change the model's
-    greedy choices (bench/results/drift_avx2.md), so opt-in: None = EAGLE3_INT8 if set, else off."""
+    (layers.int8_linears), ~1.8x faster decoding at batch 1 on AVX2-only CPUs; None = EAGLE3_INT8 if set, else on
+    where the hardware picked fp32 (an explicit dtype="float32" stays exact). Like int4 it changes the model a
+    little: greedy choices along fp32's outputs agree ~97% (bench/results/drift_avx2.md)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if name == "tiny":
         model = random_model(tiny_config(), dtype=parse_dtype(dtype) if dtype is not None else torch.float64)
@@ -397,13 +398,16 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
         return Target(model, ByteTokenizer(), "tiny", max_context)
     path = _model_dir(name)
     config = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
+    hardware_picks = dtype is None and not os.environ.get("EAGLE3_DTYPE")
     dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
     model = build_model(config, _read_hf_weights(path), device, dtype)
     if name == DEFAULT_TARGET and _want_int4(int4, model):
         load_q4_1(model, default_gguf())  # exactly the GGUF's Q4_1 weights
     elif int4:
         quantize_layers_q4(model)  # asked for explicitly: re-quantised, so no longer exactly this checkpoint
-    if not has_int4(model) and _want("EAGLE3_INT8", int8, False):
+    # int8 by default where the hardware picked fp32 (no native bf16) and fbgemm runs; an explicit dtype stays exact
+    int8_default = hardware_picks and int8_supported(model.embed_tokens.weight)
+    if not has_int4(model) and _want("EAGLE3_INT8", int8, int8_default):
         if not int8_supported(model.embed_tokens.weight):
             raise ValueError("int8: needs fp32 weights on an x86 CPU (fbgemm)")
         int8_linears(model, lm_head_digits=2)

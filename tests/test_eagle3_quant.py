@@ -77,6 +77,18 @@ def test_int8_linear_gives_each_row_the_same_bits_at_any_row_count():
     assert err.max() < 0.01, err.max()  # ~14-bit activations: the int8 weights' rounding is what is left
 
 
+def test_int8_linear_gives_the_same_bits_compiled_and_eager():
+    """Prefills run eager and decode steps compiled (eagle3/compiled.py), so the per-row scaling that inductor fuses
+    must round exactly as the eager ops do."""
+    torch.manual_seed(1)
+    lin = Linear(256, 96)
+    lin.weight.data.normal_(0, 0.05)
+    lin.set_int8()
+    x = torch.randn(37, 256) * torch.logspace(-3, 3, 37)[:, None]
+    with torch.no_grad():
+        assert torch.equal(torch.compile(lin, fullgraph=True)(x), lin(x))
+
+
 def test_int8_activations_do_not_saturate_and_a_second_weight_digit_is_near_exact():
     """AVX2's int8 kernel sums pairs of u8 x s8 products in int16: 8-bit activations times weights of one sign at
     full scale would saturate. The activations' two 7-bit digits cannot; with weights int8 represents exactly, the
@@ -99,17 +111,26 @@ def test_int8_activations_do_not_saturate_and_a_second_weight_digit_is_near_exac
     assert errors[1] < errors[0] / 20, errors
 
 
-def test_int8_is_opt_in(monkeypatch):
-    """int8 changes the model's greedy choices (per-row 7-bit activations), so only an explicit ask turns it on."""
+def test_int8_is_the_default_where_the_hardware_picks_fp32(monkeypatch):
+    """Without native bf16 the engine runs int8 (fbgemm) unless told otherwise: EAGLE3_INT8=0, int8=False, or an
+    explicit fp32 dtype (the exact reference). Asking for int8 where fbgemm cannot run it is an error."""
     from eagle3 import hardware
     from eagle3.layers import has_int8
 
     monkeypatch.delenv("EAGLE3_DTYPE", raising=False)
     monkeypatch.delenv("EAGLE3_INT8", raising=False)
     monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)  # the hardware picks fp32
+    assert has_int8(load_target().model)
+    assert not has_int8(load_target(int8=False).model)
+    assert not has_int8(load_target(dtype="float32").model)
+    monkeypatch.setenv("EAGLE3_INT8", "0")
     assert not has_int8(load_target().model)
-    assert has_int8(load_target(int8=True).model)
+    monkeypatch.setenv("EAGLE3_DTYPE", "float32")
     monkeypatch.setenv("EAGLE3_INT8", "1")
     assert has_int8(load_target().model)
+    monkeypatch.delenv("EAGLE3_DTYPE")
+    monkeypatch.delenv("EAGLE3_INT8")
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)  # bf16 + int4 instead
+    assert not has_int8(load_target().model)
     with pytest.raises(ValueError, match="int8"):
-        load_target(dtype="bfloat16", int4=False)
+        load_target(dtype="bfloat16", int4=False, int8=True)
