@@ -384,9 +384,10 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     native bf16, else fp32). int4: the default target's Q4_1 weights as int4 linears (quant.py);
     None = EAGLE3_INT4 if set, else on wherever the int4 kernel has a fast path (bf16 on a CPU). True for another model
     re-quantises its layers (lossy: no longer exactly that checkpoint). int8: fbgemm int8 linears for fp32 on x86
-    (layers.int8_linears), ~1.8x faster decoding at batch 1 on AVX2-only CPUs; None = EAGLE3_INT8 if set, else on
-    where the hardware picked fp32 (an explicit dtype="float32" stays exact). Like int4 it changes the model a
-    little: greedy choices along fp32's outputs agree ~97% (bench/results/drift_avx2.md)."""
+    (layers.int8_linears), ~1.7x faster decoding at batch 1 on AVX2-only CPUs (even at 8, slower at 32: README);
+    None = EAGLE3_INT8 if set, else on where the hardware picked fp32 (an explicit dtype="float32" stays exact).
+    Like int4 it changes the model a little: greedy choices along fp32's outputs agree ~97%
+    (bench/results/drift_avx2.md)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if name == "tiny":
         model = random_model(tiny_config(), dtype=parse_dtype(dtype) if dtype is not None else torch.float64)
