@@ -1,8 +1,8 @@
 """int8 linears for CPUs without native bf16 (AVX2): fbgemm's int8 GEMM, with each activation row quantised on its own.
 
 Why: on such CPUs the engine runs fp32, and a batch-1 step streams 540 MB of fp32 weights; torch's int4 kernel has no
-fast AVX2 path past a row or two. fbgemm's int8 GEMM streams a quarter of fp32's bytes and stays nearly flat up to
-~8 rows (bench/results/linears.md), which is what verifying a draft tree needs.
+fast AVX2 path past a row or two. fbgemm's int8 GEMM streams a quarter of fp32's bytes: at a row or two it costs about
+a third of fp32's GEMM (bench/results/linears.md), though with each row doubled (below) it grows with the rows sooner.
 
 Why per-row scales: fbgemm's own dynamic quantisation takes one scale for the whole call, so a row's result would
 depend on the rows beside it, and a verify forward's tree nodes would round differently from a plain step. Here each

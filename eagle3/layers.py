@@ -45,8 +45,8 @@ class Linear(nn.Module):
       speculative decode drift from a plain one. The dense weight is set to the same values (training, fallback).
     - int8 weights with int8 activations (fbgemm), on CPUs without native bf16 (AVX2): per output channel int8 weights,
       each activation row quantised on its own (eagle3/int8.py), so a row gets the same bits whatever else shares the
-      call (integer sums are exact). A quarter of fp32's bytes, and little dearer at 8 rows than at 1
-      (bench/results/linears.md).
+      call (integer sums are exact). A quarter of fp32's bytes, but each row goes in as two digits, so the GEMM is
+      cheap at a row or two and compute-bound from ~8 rows (bench/results/linears.md).
     All are inference-only (no autograd through them)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
