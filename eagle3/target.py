@@ -6,6 +6,7 @@ then cached), or are random ("tiny", for tests)."""
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -262,13 +263,20 @@ def _default_model_dir() -> Path:
     model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=_GGUF_FILE, dtype=torch.float32)
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
-    tmp = out.with_name(out.name + ".tmp")
+    # A directory of this process's own: two processes converting at once (a worker and a benchmark started
+    # together) must not write into one another's files; the first to finish installs its copy.
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight" or not cfg.get("tie_word_embeddings")}
     save_file(sd, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
     tok.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a crash mid-conversion leaves no half-written cache
+    try:
+        tmp.rename(out)  # atomic: a crash mid-conversion leaves no half-written cache
+    except OSError:
+        if not (out / "model.safetensors").exists():
+            raise
+        shutil.rmtree(tmp)  # another process installed the same conversion first
     return out
 
 
