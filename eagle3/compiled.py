@@ -18,7 +18,7 @@ float64 attention's summation order by ~1e-16, which never reaches a bf16 roundi
 Off with EAGLE3_COMPILE=0. On by default where the target's linears are the int4 kernel (CPUs with bf16), fbgemm's
 int8 one (eagle3/int8.py, an opaque library op) or on CUDA: the fp32 CPU path's oneDNN-packed weights are opaque to
 the compiler, which would fall back to plain (slower) GEMMs.
-Calls that use row chunks (layers.row_chunks: CPUs with native bf16, from batch 16) stay eager.
+Calls that use row chunks (layers.row_chunks, AMX CPUs from 16 rows) stay eager.
 
 Measured on a 2-core AVX-512 BF16 VM (no AMX), SmolLM2-135M int4, batch 1, one new token at a context of 60-210,
 150 steps: 12.5-13.5 ms a forward (median) in groups of 6, the same within noise as one graph of all 30 layers

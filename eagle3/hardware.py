@@ -69,14 +69,14 @@ ROW_CHUNK_FROM = 16  # batch sizes from which a call (its prefills, steps and ve
 
 
 def row_chunk(model) -> int | None:
-    """Rows per dense GEMM call for a model with int4 layers (layers.row_chunks), or None. On CPUs with native bf16,
-    oneDNN's dense bf16 GEMM beats the int4 kernel at many rows (the int4 kernel dequantises the weights again for
-    every 4 rows) and the int4 kernel wins at a few rows, so calls with a batch size of ROW_CHUNK_FROM or more run
-    dense in fixed 64-row calls, smaller batches int4. Vanilla tok/s, int4 -> 64-row chunks: AMX Xeon
-    (bench/results/row_chunks.md) batch 8 0.84x, 16 1.19x, 32 1.54x, 64 2.1x; AVX512-BF16 EPYC without AMX
-    (bench/results/row_chunks_avx512.md) batch 16 1.22x, 32 1.02x, 64 1.44x, and 1.09-1.45x with 4-node trees.
-    The dense weight is the int4 values rounded to bf16, so the two modes round differently. Override with
-    EAGLE3_ROW_CHUNK (rows; 0 = off)."""
+    """Rows per dense GEMM call for a model with int4 layers (layers.row_chunks), or None. On CPUs with AMX, oneDNN's
+    dense bf16 GEMM beats the int4 kernel at many rows and the int4 kernel wins at a few rows
+    (bench/results/row_chunks.md: vanilla decode 2.1x faster at batch 64, 0.84x at batch 8), so calls with a batch
+    size of ROW_CHUNK_FROM or more run dense in fixed 64-row
+    calls, smaller batches int4. The dense weight is the int4 values rounded to bf16, so the two modes round
+    differently. Without AMX (AVX512-BF16 only) the dense GEMM is no faster at decode's row counts, and 64-row calls
+    slowed batch-16 and batch-32 decoding (bench/results/row_chunks_avx512.md). Override with EAGLE3_ROW_CHUNK
+    (rows; 0 = off)."""
     if os.environ.get("EAGLE3_ROW_CHUNK"):
         return int(os.environ["EAGLE3_ROW_CHUNK"]) or None
-    return 64 if has_int4(model) and cpu_has_bf16() else None
+    return 64 if has_int4(model) and "amx_bf16" in cpu_flags() else None

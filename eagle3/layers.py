@@ -18,8 +18,7 @@ def row_chunks(rows):
     """Within this block, the target's Linears (`chunkable`) compute with their dense (oneDNN-packed) weight in calls
     of exactly `rows` rows, the last one padded. oneDNN picks its kernel and blocking by the call's shape, so a row's result then
     depends only on that row: the same bits whether 1 or 500 rows share the forward, which lossless verification
-    needs. Worth it where dense GEMMs are much faster than the int4 kernel at many rows (CPUs with native bf16:
-    bench/results/row_chunks.md, row_chunks_avx512.md)."""
+    needs. Worth it where dense GEMMs are much faster than the int4 kernel at many rows (AMX CPUs: bench/results/row_chunks.md)."""
     token = _ROW_CHUNK.set(rows)
     try:
         yield
