@@ -37,6 +37,7 @@ def run(target, work, batch, a, log):
     prompts, warm = work
     decs = {d: SpeculativeDecoder(target, drafter=d) for d in a.drafters}
     for d, dec in decs.items():
+        dec.warm_up(batch)
         dec.generate(warm[: max(2 * batch, 8)], a.max_new_tokens, batch_size=batch)
     names = ["vanilla", *decs]
     total = {n: dict(tokens=0, seconds=0.0, tau=[], plain=0, ids=None) for n in names}

@@ -91,6 +91,7 @@ def main():
         warm = [p["prompt"] for p in training_prompts(2 * batch)[-batch:]]
         for mode in {compiled, compiled and not a.eager}:  # warm the draft budget and each mode's graphs, as a
             dec.compiled = mode                              # running worker is
+            dec.warm_up(batch)
             dec.generate(warm, max_new_tokens=32, batch_size=batch)
         got = {"llama.cpp": [], "engine vanilla": [], "engine EAGLE-3": []}
         if a.eager:

@@ -178,6 +178,18 @@ class SpeculativeDecoder:
         self.last_stats = totals
         return results
 
+    def warm_up(self, batch_size=1):
+        """Compile now what calls at this batch size (and at batch 1, where a batch's last rows end) will run, rather
+        than inside the first calls that need it: the compiled steps of every tree size (eagle3/compiled.py) and this
+        device's cost profile (eagle3/profile.py). A no-op where neither applies or both are cached."""
+        if self.budget and self.budget.profile is None:
+            self.budget.profile = load_or_measure(self.target)
+        if self.compiled:
+            compiled.warm(self.model, 1)
+            uses_chunks = self.row_chunk and batch_size >= hardware.ROW_CHUNK_FROM  # then eager steps (_decode)
+            if batch_size > 1 and not uses_chunks:
+                compiled.warm(self.model, batch_size)
+
     @torch.no_grad()
     def score_options(self, prompt, options):
         """Log-probability of each option (a string) as the start of the assistant's reply to `prompt`. One prefill,

@@ -125,3 +125,19 @@ def test_default_target_is_lossless_in_compiled_steps():
         spec = dec.generate(prompts, 32, batch_size=batch)
         assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
     assert dec.last_stats["accept_length"] > 1.3
+
+
+def test_warm_up_compiles_every_tree_size_ahead(int4_target):
+    """After warm_up(batch), decoding at that batch size (and at batch 1) with trees of every bucket's size
+    compiles no new graph: no call pays for a compile in the middle of its decode."""
+    from torch._dynamo.utils import counters
+
+    decs = [decoder_for(int4_target, parallel_degree=2, depth=4, total_tokens=n) for n in (2, 3, 4, 8, 16)]
+    decs[0].warm_up(3)
+    graphs = counters["stats"]["unique_graphs"]
+    prompts = random_prompts(4, 8, seed=9)
+    for dec in decs:
+        for batch in (1, 3):
+            dec.generate_ids(prompts, max_new_tokens=6, batch_size=batch)
+            dec.generate_ids(prompts, max_new_tokens=6, batch_size=batch, speculative=False)
+    assert counters["stats"]["unique_graphs"] == graphs

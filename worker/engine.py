@@ -72,6 +72,7 @@ class Engine:
     def warm_up(self, parallel_degree: int = 4, validation_threshold: float = 1.0) -> None:
         """One small batch through both paths, so the first real batch does not pay one-time costs."""
         decoder = self.decoder(parallel_degree, validation_threshold)
+        decoder.warm_up(self.batch_size)  # every tree size's compiled steps, not only those two batches reach
         for speculative in (True, False):
             decoder.generate(["Hello"] * self.batch_size, max_new_tokens=2, batch_size=self.batch_size,
                              speculative=speculative)
