@@ -73,9 +73,9 @@ def row_chunk(model) -> int | None:
     dense bf16 GEMM beats the int4 kernel at many rows and the int4 kernel wins at a few rows
     (bench/results/row_chunks.md: vanilla decode 2.1x faster at batch 64, 0.84x at batch 8), so calls with a batch
     size of ROW_CHUNK_FROM or more run dense in fixed 64-row calls, smaller batches int4. The dense weight is the int4
-    values rounded to bf16, so the two modes round differently. Without AMX (AVX512-BF16 only) the dense GEMM is no faster at decode's row counts, and 64-row calls
-    slowed batch-16 and batch-32 decoding (bench/results/row_chunks_avx512.md). Override with EAGLE3_ROW_CHUNK
-    (rows; 0 = off)."""
+    values rounded to bf16, so the two modes round differently. Without AMX (AVX512-BF16 only) the dense GEMM is no
+    faster at decode's row counts, and 64-row calls slowed batch-16 and batch-32 decoding
+    (bench/results/row_chunks_avx512.md). Override with EAGLE3_ROW_CHUNK (rows; 0 = off)."""
     if os.environ.get("EAGLE3_ROW_CHUNK"):
         return int(os.environ["EAGLE3_ROW_CHUNK"]) or None
     return 64 if has_int4(model) and "amx_bf16" in cpu_flags() else None
