@@ -155,11 +155,11 @@ def warm(model, rows):
     bench.peers run two of three batch-8 EAGLE-3 repetitions ran at half of vanilla's speed for it."""
     dev = model.embed_tokens.weight.device
     cache = model.new_cache(rows + 1, 4 + BUCKETS[-1])
+    cache.lens[:] = 4  # a short committed context (forwards never advance it); its length is a dynamic size
     for n in (rows + 1, rows):
         if n == rows:  # a finished row leaves the cache a view with another row stride (KVCache.keep): own graphs
             cache.keep(list(range(rows)))
         for T in BUCKETS:
-            cache.lens[:] = 4  # a short committed context; its length is a dynamic size of the graphs
             toks = torch.zeros(n, T, dtype=torch.long, device=dev)
             pos = (4 + torch.arange(T, device=dev)).expand(n, T)
             mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(n, T, T)

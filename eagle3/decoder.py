@@ -182,13 +182,19 @@ class SpeculativeDecoder:
         """Compile now what calls at this batch size (and at batch 1, where a batch's last rows end) will run, rather
         than inside the first calls that need it: the compiled steps of every tree size (eagle3/compiled.py) and this
         device's cost profile (eagle3/profile.py). A no-op where neither applies or both are cached."""
-        if self.budget and self.budget.profile is None:
-            self.budget.profile = load_or_measure(self.target)
+        self._load_profile()
         if self.compiled:
             compiled.warm(self.model, 1)
-            uses_chunks = self.row_chunk and batch_size >= hardware.ROW_CHUNK_FROM  # then eager steps (_decode)
-            if batch_size > 1 and not uses_chunks:
+            if batch_size > 1 and self._chunk(batch_size) is None:  # calls in row chunks run eager steps
                 compiled.warm(self.model, batch_size)
+
+    def _load_profile(self):
+        if self.budget and self.budget.profile is None:
+            self.budget.profile = load_or_measure(self.target)  # cached per machine: seconds, once
+
+    def _chunk(self, rows):
+        """Rows per dense GEMM call (layers.row_chunks) for a call decoding `rows` rows at a time, or None."""
+        return self.row_chunk if rows >= hardware.ROW_CHUNK_FROM else None
 
     @torch.no_grad()
     def score_options(self, prompt, options):
@@ -245,7 +251,7 @@ class SpeculativeDecoder:
         # (hardware.row_chunk), prefills included: chosen per call from its batch size, so a speculative call and its
         # vanilla twin compute alike.
         # Decode and verify forwards run compiled (eagle3/compiled.py) unless the call uses row chunks.
-        chunk = self.row_chunk if min(batch_size, len(ids)) >= hardware.ROW_CHUNK_FROM else None
+        chunk = self._chunk(min(batch_size, len(ids)))
         steps_on = self.compiled and chunk is None
         if self.budget:  # a tree costs what its compiled bucket does
             self.budget.padded = compiled.bucket if steps_on else unpadded
@@ -289,8 +295,7 @@ class SpeculativeDecoder:
                 rows.emit(s, [tok])
 
     def _speculative_rounds(self, batch, drafter, pick, sampling, totals):
-        if self.budget and self.budget.profile is None:
-            self.budget.profile = load_or_measure(self.target)  # cached per machine: seconds, once
+        self._load_profile()
         while True:
             keep = batch.retire()
             if keep is not None:
