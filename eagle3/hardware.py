@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import torch
 
-from .layers import has_int4
+from .layers import has_amx_q4, has_int4
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
@@ -75,7 +75,8 @@ def row_chunk(model) -> int | None:
     size of ROW_CHUNK_FROM or more run dense in fixed 64-row calls, smaller batches int4. The dense weight is the int4
     values rounded to bf16, so the two modes round differently. Without AMX (AVX512-BF16 only) the dense GEMM is no
     faster at decode's row counts, and 64-row calls slowed batch-16 and batch-32 decoding
-    (bench/results/row_chunks_avx512.md). Override with EAGLE3_ROW_CHUNK (rows; 0 = off)."""
+    (bench/results/row_chunks_avx512.md). Where the engine's AMX kernel runs (eagle3/amx.py), it is row-invariant and
+    fast at every row count, so no chunks. Override with EAGLE3_ROW_CHUNK (rows; 0 = off)."""
     if os.environ.get("EAGLE3_ROW_CHUNK"):
         return int(os.environ["EAGLE3_ROW_CHUNK"]) or None
-    return 64 if has_int4(model) and "amx_bf16" in cpu_flags() else None
+    return 64 if has_int4(model) and "amx_bf16" in cpu_flags() and not has_amx_q4(model) else None

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import int8
+from . import amx, int8
 
 
 # Rows per dense GEMM call in "row-chunk" mode (None: off). See Linear and row_chunks().
@@ -39,7 +39,8 @@ class Linear(nn.Module):
     - oneDNN-prepacked dense weight: torch's default CPU GEMM (MKL) is 3-4x slower than oneDNN for the small row
       counts (1-32) that decoding and tree verification produce (CPU-PERF-NOTES.md).
     - int4 weight-only (groups of 32, one scale and zero each, as the GGUF's Q4_1 blocks): a quarter of bf16's bytes
-      to stream per step. Used at every row count once set, although oneDNN's dense bf16 kernel is ~15% faster from
+      to stream per step. On CPUs with AMX, the engine's own kernel (eagle3/amx.py), whose cost barely grows from 1
+      to 16 rows; elsewhere torch's, which dequantises once per 4 rows. Used at every row count once set, although oneDNN's dense bf16 kernel is ~15% faster from
       ~16 rows on: the int4 kernel gives each row the same bits however many rows share the call, and oneDNN's does
       not (its K=1536 down projection rounds differently at 1 and 64 rows), which in bf16 is enough to make a
       speculative decode drift from a plain one. The dense weight is set to the same values (training, fallback).
@@ -55,6 +56,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._packed = None
         self._int4 = None  # (packed weight, scales_and_zeros, group size)
+        self._q4 = None  # (nibbles, fp16 scales and minimums) for the AMX kernel (eagle3/amx.py)
         self._int8 = None  # handle of fbgemm's packed int8 weight (eagle3/int8.py)
         self._int8_digits = 1
         self.chunkable = False  # follows layers.row_chunks (the target's linears)
@@ -70,13 +72,20 @@ class Linear(nn.Module):
         """Weight := (q - 8) * scale + zero per group of `group` inputs; q [out, in] in 0..15, scale/zero [out, in/group].
         Also rewrites the dense weight (and its packed copy) to those values."""
         dev, dt = self.weight.device, self.weight.dtype
+        if int4_supported(self.weight) and amx.available() and amx.fits(*q.shape, group):
+            minimum = zero.float() - 8 * scale.float()  # the Q4_1 block's m (exact for the GGUF's fp16 d and m)
+            self._q4, self._int4 = tuple(t.to(dev) for t in amx.pack(q, scale, minimum)), None
+            self.weight.data = amx.dense(q, scale, minimum, dt).to(dev)
+            if self._packed is not None:
+                self.pack()
+            return
         scale, zero = scale.to(dt).float(), zero.to(dt).float()  # rounded as the kernel stores them
         dense = (q.float() - 8).view(q.shape[0], -1, group) * scale[..., None] + zero[..., None]
         self.weight.data = dense.view(q.shape).to(device=dev, dtype=dt)
         if int4_supported(self.weight):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
             sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dt)  # [in/group, out, 2]
-            self._int4 = (packed.to(dev), sz.to(dev), group)
+            self._int4, self._q4 = (packed.to(dev), sz.to(dev), group), None
         if self._packed is not None:
             self.pack()
 
@@ -90,6 +99,9 @@ class Linear(nn.Module):
         if torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         x = x.to(self.weight.dtype)  # the residual stream may be wider than the weights (fp32 vs bf16 on a CPU)
+        if self._q4 is not None:  # row-invariant at any row count: no row chunks needed
+            y = amx.mm(x, *self._q4)
+            return y if self.bias is None else y + self.bias
         chunk = None
         if not torch.compiler.is_compiling():  # compiled steps (eagle3/compiled.py) run only where chunks are off
             chunk = (_ROW_CHUNK.get() if self.chunkable else None) or self.fixed_chunk
@@ -128,8 +140,13 @@ class Linear(nn.Module):
 
 
 def has_int4(model) -> bool:
-    """Whether any Linear of the model runs the int4 kernel."""
-    return any(isinstance(m, Linear) and m._int4 is not None for m in model.modules())
+    """Whether any Linear of the model runs an int4 kernel (torch's or the AMX one)."""
+    return any(isinstance(m, Linear) and (m._int4 is not None or m._q4 is not None) for m in model.modules())
+
+
+def has_amx_q4(model) -> bool:
+    """Whether any Linear of the model runs the AMX int4 kernel (eagle3/amx.py)."""
+    return any(isinstance(m, Linear) and m._q4 is not None for m in model.modules())
 
 
 def has_int8(model) -> bool:

@@ -1,0 +1,81 @@
+"""The AMX int4 kernel (eagle3/amx.py): the GGUF block's product, each row's bits independent of the rows beside it,
+the same bits compiled, and the engine falling back to torch's kernel where it cannot run. The kernel tests need a
+CPU with AMX (and a compiler); the fallback test runs everywhere."""
+import pytest
+import torch
+
+from eagle3 import amx, hardware
+from eagle3.layers import Linear
+from eagle3.quant import quantize_q4
+
+needs_amx = pytest.mark.skipif(not amx.available(), reason="this CPU has no usable AMX-BF16 (aten's int4 kernel runs)")
+
+
+def q4_weight(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    d = (torch.rand(n, k // 32, generator=g) * 0.01).half().float()
+    m = (torch.rand(n, k // 32, generator=g) * 0.1 - 0.08).half().float()
+    return q, d, m
+
+
+@needs_amx
+def test_kernel_computes_the_q4_1_product():
+    """y = x @ (q * d + m)^T with the weight rounded to bf16 once, summed in fp32: within bf16 output rounding of the
+    float64 product with that weight, which is also the weight the Linear keeps as its dense copy."""
+    q, d, m = q4_weight(192, 576)
+    x = torch.randn(21, 576, generator=torch.Generator().manual_seed(1)).bfloat16()
+    y = amx.mm(x, *amx.pack(q, d, m))
+    w = amx.dense(q, d, m)
+    ref = x.double() @ w.double().t()
+    assert y.dtype == torch.bfloat16 and y.shape == (21, 192)
+    assert torch.allclose(y.double(), ref, rtol=2 ** -8, atol=1e-3)
+    naive = x.double() @ (q.double() * d.double().repeat_interleave(32, 1) + m.double().repeat_interleave(32, 1)).t()
+    assert (y.double() - naive).abs().max() < 0.05 * naive.abs().max()  # and w is the block's real weight
+
+
+@needs_amx
+def test_a_row_gets_the_same_bits_at_any_row_count():
+    """Rows 1..40 in one call or split in every way a verify forward or a batch splits them (across 16-row tiles,
+    remainder tiles of any size): identical bits."""
+    q, d, m = q4_weight(128, 1536, seed=2)
+    w = amx.pack(q, d, m)
+    x = torch.randn(40, 1536, generator=torch.Generator().manual_seed(3)).bfloat16() * torch.logspace(-2, 2, 40)[:, None].bfloat16()
+    full = amx.mm(x, *w)
+    for lo, hi in ((0, 1), (5, 6), (0, 3), (3, 19), (16, 17), (7, 40), (0, 33), (20, 36)):
+        assert torch.equal(amx.mm(x[lo:hi].clone(), *w), full[lo:hi]), (lo, hi)
+    assert torch.equal(amx.mm(x.view(4, 10, 1536), *w), full.view(4, 10, 128))  # leading dims are rows
+
+
+@needs_amx
+def test_compiled_graphs_give_eager_bits():
+    torch.manual_seed(0)
+    lin = Linear(576, 192).to(torch.bfloat16)
+    lin.weight.data.normal_(0, 0.05)
+    quantize_q4(lin)
+    assert lin._q4 is not None and lin._int4 is None
+    f = torch.compile(lambda x: lin(x) * 2, dynamic=True)
+    x = torch.randn(7, 576, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(f(x), lin(x) * 2)
+
+
+def test_linears_run_the_amx_kernel_exactly_where_it_is_available(monkeypatch):
+    """A q4 Linear takes the AMX kernel where it runs (shapes in whole 64-column sets) and torch's int4 kernel
+    elsewhere; both compute its dense weight's product."""
+    torch.manual_seed(0)
+    flags_ok = {"amx_bf16", "avx512_bf16"} <= hardware.cpu_flags()
+    assert amx.available() <= flags_ok  # never claimed without the CPU flags
+    for n, expect_amx in ((192, amx.available()), (96, False)):  # 96 columns: not whole sets of 64
+        lin = Linear(256, n).to(torch.bfloat16)
+        lin.weight.data.normal_(0, 0.05)
+        quantize_q4(lin)
+        assert (lin._q4 is not None) == expect_amx and (lin._int4 is not None) == (not expect_amx)
+        x = torch.randn(5, 256, dtype=torch.bfloat16)
+        with torch.no_grad():
+            ref = torch.nn.functional.linear(x.float(), lin.weight.float())
+            assert torch.allclose(lin(x).float(), ref, atol=0.03, rtol=0.02)
+    monkeypatch.setattr(amx, "available", lambda: False)  # EAGLE3_AMX=0 or a CPU without AMX
+    lin = Linear(256, 192).to(torch.bfloat16)
+    quantize_q4(lin)
+    assert lin._q4 is None and lin._int4 is not None
