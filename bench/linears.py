@@ -12,10 +12,11 @@ import statistics
 import time
 import warnings
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 
-from eagle3 import hardware, int8
+from eagle3 import amx, hardware, int8
 from eagle3.layers import Linear
 from eagle3.quant import quantize_q4
 from eagle3.target import load_tokenizer
@@ -43,9 +44,12 @@ def build(fmt, shapes, layers):
                 if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
                     return None
                 lin.to(torch.bfloat16).pack()
-            elif fmt == "int4 (bf16 activations)":
+            elif fmt.startswith("int4"):
+                if fmt == AMX and not amx.available():
+                    return None
                 lin.to(torch.bfloat16)
-                quantize_q4(lin)
+                with patch.object(amx, "available", return_value=fmt == AMX):  # torch's kernel or the AMX one
+                    quantize_q4(lin)
             elif fmt.startswith("int8"):
                 if not int8.supported(lin.weight):
                     return None
@@ -56,7 +60,8 @@ def build(fmt, shapes, layers):
 
 # The last: fbgemm's GEMM on rows already scaled, without the per-row scaling ops that compiled steps fuse away.
 KERNEL_ONLY = "int8 kernel alone (no per-row scaling ops)"
-FORMATS = ("fp32 (oneDNN)", "bf16 (oneDNN)", "int4 (bf16 activations)", "int8 (fbgemm, per-row activations)",
+AMX = "int4 (the engine's AMX kernel, eagle3/amx.py)"
+FORMATS = ("fp32 (oneDNN)", "bf16 (oneDNN)", "int4 (torch's kernel)", AMX, "int8 (fbgemm, per-row activations)",
            KERNEL_ONLY)
 
 

@@ -155,7 +155,9 @@ def has_int8(model) -> bool:
 
 
 def weight_format(model) -> str:
-    """'int4', 'int8' or the dense weights' dtype: what a profile or a report should name."""
+    """'int4 (AMX kernel)', 'int4', 'int8' or the dense weights' dtype: what a profile or a report should name."""
+    if has_amx_q4(model):
+        return "int4 (AMX kernel)"
     if has_int4(model):
         return "int4"
     return "int8" if has_int8(model) else str(model.embed_tokens.weight.dtype).removeprefix("torch.")
