@@ -1,22 +1,27 @@
-"""The target's Q4_1 linears on CPUs with AMX: an own kernel (kernels/q4_amx.cpp) whose cost barely grows with rows.
+"""The target's Q4_1 linears and Q8_0 lm_head on CPUs with AMX: an own kernel (kernels/amx_mm.cpp) whose cost barely
+grows with rows.
 
-Why: torch's int4 kernel (`_weight_int4pack_mm_for_cpu`) dequantises the weights once per 4 rows, so a forward's
-linears cost ~5 ms at 1 row, 12.6 at 8 and 23 at 16 (bench/results/linears_amx.md): a 16-token verify forward cost
-4.5 plain steps, and neither trees at batch 1 nor drafts inside a batch could pay. This kernel dequantises each block
-of 32 inputs once per call into bf16 AMX tiles, and one tile multiply covers 16 rows: 5.6-7 ms from 1 to 16 rows.
+Why (layers): torch's int4 kernel (`_weight_int4pack_mm_for_cpu`) dequantises the weights once per 4 rows, so a
+forward's linears cost 6.9 ms at 1 row, 14.8 at 8 and 24.8 at 16 on the 2-core AMX Xeon (bench/results/
+linears_amx.md): a 16-token verify forward cost several plain steps, and neither trees at batch 1 nor drafts inside a
+batch could pay. This kernel dequantises each block of 32 inputs once per call into bf16 AMX tiles, and one tile
+multiply covers 16 rows: 7.0 ms from 1 to 16 rows, 11.7 at 32, 14.4 at 64.
+Why (lm_head): it was dense bf16 (56 MB a step) in fixed 16-row calls, since oneDNN's 1-row and many-row kernels
+round differently on AMX; the GGUF's Q8_0 blocks through this kernel stream half the bytes and need no fixed calls
+(a one-off measurement, weights in cache: 1.2 ms instead of 1.7-1.9 at 1-16 rows, 3.7 instead of 6.4 at 64).
 
 Lossless: tiles multiply rows independently and accumulate blocks in one order, so a row's output has the same bits
 whatever the number of rows in the call (tests/test_amx.py), as verification needs.
 
-Numerics: w = q * d + m from the GGUF's fp16 scale d and minimum m, in fp32, rounded to bf16 (which is what the
-layer's dense weight holds, bit for bit), products summed in fp32 by the tiles. aten's kernel instead rounds d and
-m + 8d to bf16 and keeps the weight in fp32, so the two paths are different roundings of the same GGUF.
+Numerics: w = q * d + m (Q4_1) or q * d (Q8_0) from the GGUF's fp16 scales and minimums, in fp32, rounded to bf16
+(what the layer's dense weight holds, bit for bit); products summed in fp32 by the tiles. aten's int4 kernel instead
+rounds d and m + 8d to bf16 and keeps the weight in fp32: two roundings of the same GGUF.
 
 Built at first use by torch.utils.cpp_extension (gcc with AMX intrinsics, ~10 s; cached under TORCH_EXTENSIONS_DIR,
 by default ~/.cache/torch_extensions, and rebuilt only when the source changes). Some virtual machines report AMX but
 stop its tile instructions (SIGILL), which would kill the process, so a child process runs the kernel once first.
-Used where the CPU has AMX-BF16 and AVX512-BF16, the kernel builds and the probe lives; elsewhere aten's int4 kernel
-runs. EAGLE3_AMX=0 turns it off."""
+Used where the CPU has AMX-BF16 and AVX512-BF16, the kernel builds and the probe lives; elsewhere torch's int4 kernel
+and the dense lm_head run. EAGLE3_AMX=0 turns it off."""
 import os
 import subprocess
 import sys
@@ -26,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "kernels" / "q4_amx.cpp"
+SOURCE = Path(__file__).parent / "kernels" / "amx_mm.cpp"
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c", "-mamx-tile", "-mamx-bf16",
          "-fopenmp"]
 COLUMNS, BLOCK = 64, 32  # output columns per packed panel set; inputs per Q4_1 block
@@ -49,6 +54,7 @@ def available() -> bool:
         warnings.warn(f"eagle3.amx: the AMX kernel failed its probe (exit {probe.returncode}); using torch's int4 kernel")
         return False
     torch.library.register_fake("eagle3_amx::q4_mm")(_fake_mm)
+    torch.library.register_fake("eagle3_amx::q8_mm")(_fake_mm)
     return True
 
 
@@ -63,12 +69,12 @@ def _build() -> str:
 
 _PROBE = """import sys, torch
 torch.ops.load_library(sys.argv[1])
-y = torch.ops.eagle3_amx.q4_mm(torch.ones(3, 32, dtype=torch.bfloat16), torch.full((1, 1, 4, 16, 16), 0x11, dtype=torch.uint8),
-                               torch.ones(1, 1, 4, 2, 16, dtype=torch.float16))
+y = torch.ops.eagle3_amx.q4_mm(torch.ones(3, 32, dtype=torch.bfloat16), torch.full((1, 1, 4, 256), 0x11, dtype=torch.uint8),
+                               torch.ones(1, 1, 4, 32, dtype=torch.float16))
 assert bool((y == 64).all()), y"""
 
 
-def _fake_mm(x, w, dm):  # shapes for torch.compile's tracing
+def _fake_mm(x, w, scales):  # shapes for torch.compile's tracing
     return x.new_empty(x.shape[0], w.shape[0] * COLUMNS)
 
 
@@ -76,27 +82,45 @@ def fits(out_features: int, in_features: int, group: int) -> bool:
     return group == BLOCK and out_features % COLUMNS == 0 and in_features % BLOCK == 0
 
 
-def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
-    """q [N, K] in 0..15, d and m [N, K/32] (w = q * d + m) -> (nibbles [N/64, K/32, 4, 16, 16] uint8,
-    dm [N/64, K/32, 4, 2, 16] fp16), the layout kernels/q4_amx.cpp reads: per 64 columns, block by block, 4 panels of
-    16 columns; in a panel's k-pair, byte i holds column i // 2 at k parity i % 2 (low nibble) and column 8 + i // 2
-    (high nibble)."""
-    n, k = q.shape
-    s, g = n // COLUMNS, k // BLOCK
-    q = q.to(torch.uint8).view(s, 4, 2, 8, g, BLOCK // 2, 2)  # [set, panel, half, column, block, k-pair, parity]
-    q = q.permute(0, 4, 1, 5, 2, 3, 6).reshape(s, g, 4, BLOCK // 2, 2, 16)
-    nibbles = (q[..., 0, :] | (q[..., 1, :] << 4)).contiguous()
-    dm = torch.stack([d.reshape(s, 4, 16, g), m.reshape(s, 4, 16, g)], 3).permute(0, 4, 1, 3, 2)
-    return nibbles, dm.contiguous().to(torch.float16)
+def _lanes(t: torch.Tensor, k: int) -> torch.Tensor:
+    """[N, K] -> [N/64, K/32, 4 panels, 16 k-pairs, 32 lanes]: lane i of a k-pair is column i // 2 (+ 8 from lane 16
+    on) at k parity i % 2, the order kernels/amx_mm.cpp's conversion produces."""
+    n = t.shape[0]
+    t = t.reshape(n // COLUMNS, 4, 2, 8, k // BLOCK, BLOCK // 2, 2)  # [set, panel, half, column, block, pair, parity]
+    return t.permute(0, 4, 1, 5, 2, 3, 6).reshape(n // COLUMNS, k // BLOCK, 4, BLOCK // 2, 32)
 
 
-def dense(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
-    """The weight the kernel multiplies by: q * d + m in fp32 from fp16 d and m, rounded once to `dtype`."""
-    d, m = (t.to(torch.float16).float().repeat_interleave(BLOCK, 1) for t in (d, m))
-    return torch.addcmul(m, q.float(), d).to(dtype)
+def _per_column(*ts):
+    """Per-block scales [N, K/32] -> [N/64, K/32, 4, 16 * len(ts)] fp16 (a block's columns, each scale in turn)."""
+    n, g = ts[0].shape
+    t = torch.stack([t.reshape(n // COLUMNS, 4, 16, g) for t in ts], 3)  # [set, panel, column, which, block]
+    return t.permute(0, 4, 1, 3, 2).reshape(n // COLUMNS, g, 4, 16 * len(ts)).contiguous().to(torch.float16)
 
 
-def mm(x: torch.Tensor, nibbles: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
-    """x [..., K] bf16 @ the packed weight^T -> [..., N] bf16."""
-    y = torch.ops.eagle3_amx.q4_mm(x.reshape(-1, x.shape[-1]), nibbles, dm)
+def pack_q4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
+    """Q4_1: q [N, K] in 0..15, d and m [N, K/32] (w = q * d + m) -> (nibbles [N/64, K/32, 4, 256] uint8: lanes i and
+    16 + i in byte i's low and high nibble; d then m [N/64, K/32, 4, 32] fp16)."""
+    lanes = _lanes(q.to(torch.uint8), q.shape[1])
+    nibbles = lanes[..., :16] | (lanes[..., 16:] << 4)
+    return nibbles.reshape(*nibbles.shape[:3], -1).contiguous(), _per_column(d, m)
+
+
+def pack_q8(q: torch.Tensor, d: torch.Tensor):
+    """Q8_0: q [N, K] int8, d [N, K/32] (w = q * d) -> (bytes [N/64, K/32, 4, 512] uint8, d [N/64, K/32, 4, 16] fp16)."""
+    lanes = _lanes(q.to(torch.int8), q.shape[1]).view(torch.uint8)
+    return lanes.reshape(*lanes.shape[:3], -1).contiguous(), _per_column(d)
+
+
+def dense(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None, dtype=torch.bfloat16) -> torch.Tensor:
+    """The weight the kernel multiplies by: q * d (+ m) in fp32 from fp16 d (and m), rounded once to `dtype`."""
+    d = d.to(torch.float16).float().repeat_interleave(BLOCK, 1)
+    if m is None:
+        return (q.float() * d).to(dtype)
+    return torch.addcmul(m.to(torch.float16).float().repeat_interleave(BLOCK, 1), q.float(), d).to(dtype)
+
+
+def mm(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [..., K] bf16 @ a packed weight^T -> [..., N] bf16 (Q4_1 or Q8_0, told by the packed bytes per block)."""
+    op = torch.ops.eagle3_amx.q4_mm if weights.shape[-1] == 256 else torch.ops.eagle3_amx.q8_mm
+    y = op(x.reshape(-1, x.shape[-1]), weights, scales)
     return y.view(*x.shape[:-1], -1)

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import torch
 
-from .layers import has_amx_q4, has_int4
+from .layers import has_amx, has_int4
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
@@ -79,4 +79,4 @@ def row_chunk(model) -> int | None:
     fast at every row count, so no chunks. Override with EAGLE3_ROW_CHUNK (rows; 0 = off)."""
     if os.environ.get("EAGLE3_ROW_CHUNK"):
         return int(os.environ["EAGLE3_ROW_CHUNK"]) or None
-    return 64 if has_int4(model) and "amx_bf16" in cpu_flags() and not has_amx_q4(model) else None
+    return 64 if has_int4(model) and "amx_bf16" in cpu_flags() and not has_amx(model) else None

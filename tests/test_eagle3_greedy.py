@@ -40,7 +40,7 @@ def test_greedy_matches_vanilla_in_bf16_with_int4(batch):
 
     target = small_vocab_target(dtype=torch.bfloat16)
     down = target.model.layers[0].mlp.down_proj
-    assert (down._q4 is not None) if amx.available() else (down._int4 is not None)  # the AMX kernel or torch's
+    assert (down._amx is not None) if amx.available() else (down._int4 is not None)  # the AMX kernel or torch's
     dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
     prompts = random_prompts(40, target.config.vocab_size, seed=3)
     vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
