@@ -51,7 +51,8 @@ def available() -> bool:
         return False
     probe = subprocess.run([sys.executable, "-c", _PROBE, library], capture_output=True, timeout=300)
     if probe.returncode != 0:
-        warnings.warn(f"eagle3.amx: the AMX kernel failed its probe (exit {probe.returncode}); using torch's int4 kernel")
+        warnings.warn(f"eagle3.amx: the AMX kernel failed its probe (exit {probe.returncode}); "
+                      "using torch's int4 kernel")
         return False
     torch.library.register_fake("eagle3_amx::q4_mm")(_fake_mm)
     torch.library.register_fake("eagle3_amx::q8_mm")(_fake_mm)
@@ -69,8 +70,8 @@ def _build() -> str:
 
 _PROBE = """import sys, torch
 torch.ops.load_library(sys.argv[1])
-y = torch.ops.eagle3_amx.q4_mm(torch.ones(3, 32, dtype=torch.bfloat16), torch.full((1, 1, 4, 256), 0x11, dtype=torch.uint8),
-                               torch.ones(1, 1, 4, 32, dtype=torch.float16))
+x, w = torch.ones(3, 32, dtype=torch.bfloat16), torch.full((1, 1, 4, 256), 0x11, dtype=torch.uint8)
+y = torch.ops.eagle3_amx.q4_mm(x, w, torch.ones(1, 1, 4, 32, dtype=torch.float16))
 assert bool((y == 64).all()), y"""
 
 
@@ -106,7 +107,8 @@ def pack_q4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
 
 
 def pack_q8(q: torch.Tensor, d: torch.Tensor):
-    """Q8_0: q [N, K] int8, d [N, K/32] (w = q * d) -> (bytes [N/64, K/32, 4, 512] uint8, d [N/64, K/32, 4, 16] fp16)."""
+    """Q8_0: q [N, K] int8, d [N, K/32] (w = q * d) -> (bytes [N/64, K/32, 4, 512] uint8, one per lane;
+    d [N/64, K/32, 4, 16] fp16)."""
     lanes = _lanes(q.to(torch.int8), q.shape[1]).view(torch.uint8)
     return lanes.reshape(*lanes.shape[:3], -1).contiguous(), _per_column(d)
 
@@ -119,8 +121,13 @@ def dense(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None, dtype
     return torch.addcmul(m.to(torch.float16).float().repeat_interleave(BLOCK, 1), q.float(), d).to(dtype)
 
 
+def is_q4(weights: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Whether a packed weight is Q4_1 (16 k-pairs x 16 bytes of nibbles a block and panel) rather than Q8_0 (x 32)."""
+    return weights.shape[-1] == BLOCK // 2 * 16
+
+
 def mm(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [..., K] bf16 @ a packed weight^T -> [..., N] bf16 (Q4_1 or Q8_0, told by the packed bytes per block)."""
-    op = torch.ops.eagle3_amx.q4_mm if weights.shape[-1] == 256 else torch.ops.eagle3_amx.q8_mm
+    """x [..., K] bf16 @ a packed weight^T -> [..., N] bf16 (Q4_1 or Q8_0)."""
+    op = torch.ops.eagle3_amx.q4_mm if is_q4(weights, scales) else torch.ops.eagle3_amx.q8_mm
     y = op(x.reshape(-1, x.shape[-1]), weights, scales)
     return y.view(*x.shape[:-1], -1)

@@ -40,10 +40,11 @@ class Linear(nn.Module):
       counts (1-32) that decoding and tree verification produce (CPU-PERF-NOTES.md).
     - int4 weight-only (groups of 32, one scale and zero each, as the GGUF's Q4_1 blocks): a quarter of bf16's bytes
       to stream per step. On CPUs with AMX, the engine's own kernel (eagle3/amx.py), whose cost barely grows from 1
-      to 16 rows; elsewhere torch's, which dequantises once per 4 rows. Used at every row count once set, although oneDNN's dense bf16 kernel is ~15% faster from
-      ~16 rows on: the int4 kernel gives each row the same bits however many rows share the call, and oneDNN's does
-      not (its K=1536 down projection rounds differently at 1 and 64 rows), which in bf16 is enough to make a
-      speculative decode drift from a plain one. The dense weight is set to the same values (training, fallback).
+      to 16 rows; elsewhere torch's, which dequantises once per 4 rows. Used at every row count once set, although
+      oneDNN's dense bf16 kernel is ~15% faster than torch's from ~16 rows on: the int4 kernels give each row the same
+      bits however many rows share the call, and oneDNN's does not (its K=1536 down projection rounds differently at
+      1 and 64 rows), which in bf16 is enough to make a speculative decode drift from a plain one. The dense weight
+      is set to the same values (training, fallback).
     - int8 weights with int8 activations (fbgemm), on CPUs without native bf16 (AVX2): per output channel int8 weights,
       each activation row quantised on its own (eagle3/int8.py), so a row gets the same bits whatever else shares the
       call (integer sums are exact). A quarter of fp32's bytes, but each row goes in as two digits, so the GEMM is
@@ -155,7 +156,7 @@ class Linear(nn.Module):
 
 def has_int4(model) -> bool:
     """Whether any Linear of the model runs an int4 kernel (torch's or the AMX one)."""
-    return any(isinstance(m, Linear) and (m._int4 is not None or m._amx is not None and m._amx[1].shape[-1] == 32)
+    return any(isinstance(m, Linear) and (m._int4 is not None or m._amx is not None and amx.is_q4(*m._amx))
                for m in model.modules())
 
 

@@ -75,7 +75,8 @@ struct Q8 {
       if (j % 2 == 0) _mm_prefetch((const char*)src + PREFETCH, _MM_HINT_T0);
       __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)src)));
       __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + COLS))));
-      _mm512_store_si512(out + j * 2 * COLS, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d_hi), _mm512_mul_ps(lo, d_lo)));
+      __m512bh both = _mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d_hi), _mm512_mul_ps(lo, d_lo));
+      _mm512_store_si512(out + j * 2 * COLS, (__m512i)both);
     }
   }
 };
