@@ -31,7 +31,8 @@ from eagle3.prompts import heldout_prompts, training_prompts
 from eagle3.target import default_gguf
 
 FORMATS = {"int4": " (the GGUF Q4_1 blocks as int4)",
-           "int4 (AMX kernel)": " (the GGUF Q4_1 blocks as int4, the engine's AMX kernel: eagle3/amx.py)", "int8": " (int8 linears through fbgemm, per-row int8 activations)"}
+           "int4 (AMX kernel)": " (the GGUF Q4_1 blocks as int4, the engine's AMX kernel: eagle3/amx.py)",
+           "int8": " (int8 linears through fbgemm, per-row int8 activations)"}
 
 ROOT = Path(__file__).resolve().parent.parent
 

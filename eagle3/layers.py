@@ -73,36 +73,39 @@ class Linear(nn.Module):
         """Weight := (q - 8) * scale + zero per group of `group` inputs; q [out, in] in 0..15, scale/zero [out, in/group].
         Also rewrites the dense weight (and its packed copy) to those values."""
         dev, dt = self.weight.device, self.weight.dtype
-        if int4_supported(self.weight) and amx.available() and amx.fits(*q.shape, group):
+        if self._amx_runs(q.shape, group):
             minimum = zero.float() - 8 * scale.float()  # the Q4_1 block's m (exact for the GGUF's fp16 d and m)
             self._amx, self._int4 = tuple(t.to(dev) for t in amx.pack_q4(q, scale, minimum)), None
-            self.weight.data = amx.dense(q, scale, minimum, dt).to(dev)
-            if self._packed is not None:
-                self.pack()
+            self._set_dense(amx.dense(q, scale, minimum, dt))
             return
         scale, zero = scale.to(dt).float(), zero.to(dt).float()  # rounded as the kernel stores them
         dense = (q.float() - 8).view(q.shape[0], -1, group) * scale[..., None] + zero[..., None]
-        self.weight.data = dense.view(q.shape).to(device=dev, dtype=dt)
         if int4_supported(self.weight):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
             sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dt)  # [in/group, out, 2]
             self._int4, self._amx = (packed.to(dev), sz.to(dev), group), None
-        if self._packed is not None:
-            self.pack()
+        self._set_dense(dense.view(q.shape).to(dt))
 
     def set_q8(self, q, d) -> bool:
         """Weight := q * d per block of 32 inputs (the GGUF's Q8_0: q [out, in] int8, d [out, in/32]) through the AMX
         kernel, where it runs; returns whether it does (elsewhere the dense weight stays as it is). The dense weight
         is rewritten to the same values, and calls need no fixed row chunk: the kernel's rows are invariant."""
-        if not (int4_supported(self.weight) and amx.available() and amx.fits(*q.shape, 32)):
+        if not self._amx_runs(q.shape, 32):
             return False
-        dev = self.weight.device
-        self._amx = tuple(t.to(dev) for t in amx.pack_q8(q, d))
-        self.weight.data = amx.dense(q, d, dtype=self.weight.dtype).to(dev)
+        self._amx = tuple(t.to(self.weight.device) for t in amx.pack_q8(q, d))
+        self._set_dense(amx.dense(q, d, dtype=self.weight.dtype))
         self.fixed_chunk = None
+        return True
+
+    def _amx_runs(self, shape, group) -> bool:
+        """Whether the AMX kernel takes this Linear's blocks: bf16 on a CPU where it runs, whole 64-column sets."""
+        return int4_supported(self.weight) and amx.available() and amx.fits(*shape, group)
+
+    def _set_dense(self, w):
+        """The dense weight := w (training, fallback paths), and its oneDNN-packed copy where there is one."""
+        self.weight.data = w.to(self.weight.device)
         if self._packed is not None:
             self.pack()
-        return True
 
     def set_int8(self, digits=1):
         """An int8 copy of the dense weight for fbgemm (eagle3/int8.py), with `digits` int8 digits, used from now on.

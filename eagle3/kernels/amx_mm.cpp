@@ -22,7 +22,7 @@
 
 namespace {
 
-constexpr int PREFETCH = 4096;  // bytes ahead in the nibble stream (a quarter of that in the scales')
+constexpr int PREFETCH = 4096;  // bytes ahead in the weight stream (less in the scales', which are smaller)
 constexpr int COLS = 16, BLOCK = 32, PANELS = 4;  // a tile's columns, a Q4_1 block's inputs, panels per A load
 
 struct TileConfig {
@@ -36,6 +36,13 @@ bool amx_permitted() {  // Linux hands out AMX state only on request (ARCH_REQ_X
   return ok;
 }
 
+// A block's per-column scale [16] spread to the lanes of cvtne2ps's two inputs (lane i: column i / 2, + 8 in hi).
+inline void spread(__m512 v, __m512& lo, __m512& hi) {
+  const __m512i lanes = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  lo = _mm512_permutexvar_ps(lanes, v);
+  hi = _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(8)), v);
+}
+
 // The weight formats. Each turns one block (32 inputs) of one panel (16 columns) into bf16 in AMX's pair layout,
 // out[j][2c + e] = w[k = 2j + e][c], reading W bytes of weights and S fp16 scales per block and panel.
 // Q4_1: w = q * d + m, q in 0..15 (nibbles), d and m per column. Q8_0: w = q * d, q in -128..127, d per column.
@@ -44,13 +51,10 @@ struct Q4 {
   static constexpr int W = BLOCK / 2 * COLS, S = 2 * COLS;
   static void dequant(const uint8_t* w, const uint16_t* dm, uint16_t* out) {
     const __m512i nib = _mm512_set1_epi32(0x0F);
-    const __m512i lanes_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i lanes_hi = _mm512_add_epi32(lanes_lo, _mm512_set1_epi32(8));
     _mm_prefetch((const char*)dm + PREFETCH / 4, _MM_HINT_T0);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)dm));
-    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + COLS)));
-    const __m512 d_lo = _mm512_permutexvar_ps(lanes_lo, d), d_hi = _mm512_permutexvar_ps(lanes_hi, d);
-    const __m512 m_lo = _mm512_permutexvar_ps(lanes_lo, m), m_hi = _mm512_permutexvar_ps(lanes_hi, m);
+    __m512 d_lo, d_hi, m_lo, m_hi;
+    spread(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)dm)), d_lo, d_hi);
+    spread(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + COLS))), m_lo, m_hi);
     for (int j = 0; j < BLOCK / 2; ++j) {
       const uint8_t* src = w + j * COLS;
       if (j % 4 == 0) _mm_prefetch((const char*)src + PREFETCH, _MM_HINT_T0);
@@ -65,11 +69,9 @@ struct Q4 {
 struct Q8 {
   static constexpr int W = BLOCK * COLS, S = COLS;
   static void dequant(const uint8_t* w, const uint16_t* ds, uint16_t* out) {
-    const __m512i lanes_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i lanes_hi = _mm512_add_epi32(lanes_lo, _mm512_set1_epi32(8));
     _mm_prefetch((const char*)ds + PREFETCH / 16, _MM_HINT_T0);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)ds));
-    const __m512 d_lo = _mm512_permutexvar_ps(lanes_lo, d), d_hi = _mm512_permutexvar_ps(lanes_hi, d);
+    __m512 d_lo, d_hi;
+    spread(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)ds)), d_lo, d_hi);
     for (int j = 0; j < BLOCK / 2; ++j) {
       const uint8_t* src = w + j * 2 * COLS;
       if (j % 2 == 0) _mm_prefetch((const char*)src + PREFETCH, _MM_HINT_T0);
