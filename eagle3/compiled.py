@@ -50,7 +50,7 @@ def layers(blocks, x, rope, k, v, mask):
     for i, block in enumerate(blocks):
         inputs.append(x)
         q, kk, vv = block.begin(x, rope)
-        x = block.finish(x, attend(q, torch.cat([k[i], kk], 2), torch.cat([v[i], vv], 2), mask))
+        x = block.finish(x, attend(q, k[i], v[i], mask, kk, vv))
         new_k.append(kk)
         new_v.append(vv)
     return x, inputs, torch.stack(new_k), torch.stack(new_v)

@@ -142,7 +142,7 @@ class Eagle3Head(nn.Module):
 
     def new_cache(self, batch, max_len):
         c, w = self.config, self.fc.weight
-        return KVCache(1, batch, c.num_key_value_heads, max_len, c.head_dim, cache_dtype(w), w.device)
+        return KVCache(1, batch, c.num_key_value_heads, max_len, c.head_dim, cache_dtype(w, c.head_dim), w.device)
 
     def save_pretrained(self, path, dtype=torch.float16):
         path = Path(path)

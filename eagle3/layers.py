@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import amx, int8
+from . import amx, attention, int8
 
 
 # Rows per dense GEMM call in "row-chunk" mode (None: off). See Linear and row_chunks().
@@ -366,18 +366,21 @@ def stream_dtype(weight: torch.Tensor):
     return torch.float32 if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 else weight.dtype
 
 
-def cache_dtype(weight: torch.Tensor, quantized=False):
-    """K/V and attention dtype for a model whose weights are `weight`'s (`quantized`: its linears quantise their
-    activations, eagle3/int8.py).
+def cache_dtype(weight: torch.Tensor, head_dim: int, quantized=False):
+    """K/V and attention dtype for a model whose weights are `weight`'s, with heads of `head_dim` (`quantized`: its
+    linears quantise their activations, eagle3/int8.py).
 
-    With bf16 weights on a CPU, or quantised activations: float64. Every other op of a forward gives a token the same
-    bits whether it is decoded alone or verified among 16 tree nodes (the linears and norms are row-invariant there), but attention
-    sums in an order that depends on the query and key counts. In fp32 that ~1e-7 difference would flip bf16 roundings
-    downstream and make speculative output drift from plain decoding; in float64 it stays ~1e-16 and never does. (It
-    is also ~5x faster than bf16 attention on a CPU.) The same holds for int8 activations' roundings. Elsewhere the
-    weights' own dtype."""
-    if weight.device.type == "cpu" and (weight.dtype == torch.bfloat16 or quantized):
-        return torch.float64
+    With bf16 weights on a CPU, or quantised activations, attention must give a token the same bits whether it is
+    decoded alone or verified among 16 tree nodes (every other op of a forward does: the linears and norms are
+    row-invariant there), or bf16 roundings downstream would flip and speculative output drift from plain decoding.
+    SDPA sums in an order that depends on the query and key counts, so: fp32 through eagle3/attention.py's kernel,
+    which visits each query's keys in one order, where it builds and has the head dim; else float64 SDPA, whose
+    ~1e-16 differences never reach a bf16 rounding. Elsewhere the weights' own dtype."""
+    if weight.device.type != "cpu":
+        return weight.dtype
+    kernel = attention.available() and head_dim in attention.HEAD_DIMS  # fp32 weights' attention runs it too
+    if weight.dtype == torch.bfloat16 or quantized:
+        return torch.float32 if kernel else torch.float64
     return weight.dtype
 
 
@@ -392,13 +395,19 @@ def attention_mask(lens, tree_mask, total_len):
     return ((rel < 0)[:, None, :] | block).unsqueeze(1)
 
 
-def attend(q, k, v, mask):
-    """q [B, Hq, T, D], k/v [B, Hkv, S, D] (grouped-query attention), mask [B, 1, T, S] bool.
+def attend(q, k, v, mask, k2=None, v2=None):
+    """q [B, Hq, T, D], k/v [B, Hkv, S, D] (grouped-query attention), mask [B, 1, T, S + S2] bool; k2/v2 [B, Hkv,
+    S2, D]: keys after k/v's (a compiled step's new keys after the cache's).
 
-    The query heads that share a K/V head are folded into one query block, [B, Hkv, Hq/Hkv * T, D]: each K/V head is
-    then read once for all its query heads (SDPA's enable_gqa reads it once per query head), 20-25% less attention
-    time at batch 8-32 on a CPU, where float64 attention is most of a forward's non-GEMM cost."""
+    fp32 on a CPU: eagle3/attention.py's kernel (row-invariant, reads k2/v2 in place). Else SDPA, with the query heads
+    that share a K/V head folded into one query block, [B, Hkv, Hq/Hkv * T, D]: each K/V head is then read once for
+    all its query heads (SDPA's enable_gqa reads it once per query head), 20-25% less attention time at batch 8-32 on
+    a CPU."""
     B, Hq, T, D = q.shape
+    if attention.runs(q):
+        return attention.attend(q, k, v, mask, k2, v2)
+    if k2 is not None:
+        k, v = torch.cat([k, k2], 2), torch.cat([v, v2], 2)
     g = Hq // k.shape[1]
     if g == 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

@@ -127,7 +127,7 @@ class LlamaModel(nn.Module):
     def new_cache(self, batch, max_len):
         c, w = self.config, self.embed_tokens.weight
         return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim,
-                       cache_dtype(w, has_int8(self)), w.device)
+                       cache_dtype(w, c.head_dim, has_int8(self)), w.device)
 
     @torch.no_grad()
     def forward(self, tokens, positions, cache, tree_mask, logits_at=None):

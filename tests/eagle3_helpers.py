@@ -16,8 +16,9 @@ from eagle3.target import ByteTokenizer, Target, _default_model_dir, random_mode
 def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512, dtype=torch.float64, int8=False):
     """A tiny Llama over a tiny vocabulary: an untrained draft head guesses its tokens often, so multi-token
     acceptance (and the KV commit that goes with it) happens in every test. dtype bf16: the engine's reduced-precision
-    CPU path (int4 layers, fp32 residual stream, float64 attention), as the default target runs on bf16 CPUs.
-    int8 (with dtype fp32): the AVX2 path (fbgemm int8 linears with per-row activation scales, float64 attention)."""
+    CPU path (int4 layers, fp32 residual stream, row-invariant attention: eagle3/attention.py's fp32 kernel, float64
+    where it does not build), as the default target runs on bf16 CPUs.
+    int8 (with dtype fp32): the AVX2 path (fbgemm int8 linears with per-row activation scales, the same attention)."""
     cfg = tiny_config(vocab=vocab, layers=layers, max_pos=max_pos)
     cfg.eos_token_ids = []
     model = random_model(cfg, seed=seed, scale=scale, dtype=dtype).pack()

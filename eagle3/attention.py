@@ -1,0 +1,73 @@
+"""Attention on a CPU in fp32 with an own kernel (kernels/attention.cpp) whose outputs do not depend on what shares
+the call, instead of float64 SDPA.
+
+Why: lossless speculation needs a token's bits to be the same whether it is decoded alone or verified among tree
+nodes. The linears and norms are row-invariant; SDPA's sums are not (their order follows the query and key counts),
+so attention ran in float64, where the difference stays ~1e-16 and never reaches a bf16 rounding (layers.cache_dtype).
+But float64 attention was most of a forward at batch 8 and up: on the 2-core AMX Xeon, a compiled step at a context
+of 300 took 44 ms at batch 8 and 137 at batch 32 with it, 15 and 24 without attention at all. This kernel computes each
+query on its own, over its visible keys in index order, so its bits are fixed by construction, in fp32, at a
+fraction of that cost (bench/results/attention.md).
+
+Built at first use by torch.utils.cpp_extension for this CPU's vector width (AVX-512 or AVX2; ~10 s, cached under
+TORCH_EXTENSIONS_DIR). Used where attention would otherwise run in float64 (a CPU with bf16 weights or int8
+activations), the head dim is a multiple of 16 and the kernel builds; EAGLE3_ATTENTION=0 keeps float64 SDPA."""
+import os
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "kernels" / "attention.cpp"
+HEAD_DIMS = (16, 32, 64, 128)  # the kernel's
+
+
+def _flags():
+    """Compiler flags and a name for this CPU's vector width (one build per width, so a cache shared by machines
+    never hands one a library it cannot run)."""
+    from .hardware import cpu_flags
+
+    have = cpu_flags()
+    if {"avx512f", "avx512vl", "fma"} <= have:
+        return "avx512", ["-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512"]
+    if {"avx2", "fma"} <= have:
+        return "avx2", ["-mavx2", "-mfma"]
+    return "base", []
+
+
+_BUILT = False  # set by available(): what runs() reads inside compiled graphs (which cannot trace the build)
+
+
+@lru_cache(maxsize=1)
+def available() -> bool:
+    """Whether CPU attention runs this kernel: EAGLE3_ATTENTION is not 0 and it builds."""
+    global _BUILT
+    if os.environ.get("EAGLE3_ATTENTION", "1") == "0":
+        return False
+    from torch.utils.cpp_extension import load
+
+    width, flags = _flags()
+    try:
+        load(name=f"eagle3_attention_{width}", sources=[str(SOURCE)], extra_cflags=["-O3", "-fopenmp", *flags],
+             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+    except Exception as e:  # no compiler: float64 SDPA, as before
+        warnings.warn(f"eagle3.attention: the kernel did not build ({e}); attention stays float64")
+        return False
+    torch.library.register_fake("eagle3_attention::attend")(lambda q, k, v, k2, v2, mask: q.new_empty(q.shape))
+    _BUILT = True
+    return True
+
+
+def runs(q: torch.Tensor) -> bool:
+    """Whether attention over these queries runs the kernel: fp32 on a CPU, a head dim it has, and it was built
+    (available(), which every CPU model's KV cache asks for: layers.cache_dtype)."""
+    return _BUILT and q.dtype == torch.float32 and q.device.type == "cpu" and q.shape[-1] in HEAD_DIMS
+
+
+def attend(q, k, v, mask, k2=None, v2=None):
+    """q [B, Hq, T, D], k/v [B, Hkv, S, D] fp32 (D contiguous), mask [B, 1, T, S + S2] bool -> [B, Hq, T, D].
+    k2/v2 [B, Hkv, S2, D]: keys that follow k/v's (a forward's new keys after the cache's), so none are copied."""
+    if k2 is None:
+        k2 = v2 = k[:, :, :0]
+    return torch.ops.eagle3_attention.attend(q, k, v, k2, v2, mask)
