@@ -109,8 +109,7 @@ def main():
     if not attention.available():
         sys.exit("the attention kernel did not build here")
     lines = [f"# Attention: fp32 kernel vs float64 SDPA ({time.strftime('%Y-%m-%d %H:%M')})", "",
-             f"CPU: {hardware.describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-             f"context {a.context} committed tokens per row.", "",
+             f"CPU: {hardware.describe()}; context {a.context} committed tokens per row.", "",
              "## One layer's attention (9 query heads, 3 K/V heads, head dim 64), best of 3 alternated medians", ""]
     lines += op_table(a.context, a.reps)
     print("\n".join(lines), flush=True)
