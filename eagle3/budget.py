@@ -20,6 +20,12 @@ surest nodes do. Every round:
 
 While plain steps win, the gain curves are not refreshed, so a tree is drafted again after `explore` plain rounds
 (16, doubling up to 1024 while plain keeps winning): at most a few per cent of the rounds.
+
+Last, a guard that holds "never slower than vanilla" when the estimates are wrong (costs the profile misses, gain
+curves that lag): per row count, the measured tokens per second of whole tree rounds and of plain rounds
+(drafting, verify, accept, commit: every second a round costs). Where tree rounds measure slower, plan takes plain
+steps whatever it predicts, and probes again on the same schedule; a plain round is taken after every `plain_every`
+tree rounds to keep the plain side measured (one token instead of ~1.5 in 1 of 64 rounds: < 1%).
 """
 import numpy as np
 import torch
@@ -87,7 +93,7 @@ def surest(score, valid, mask):
 
 
 class DraftBudget:
-    def __init__(self, configured, profile=None, alpha=0.1, first_explore=16, max_explore=1024):
+    def __init__(self, configured, profile=None, alpha=0.1, first_explore=16, max_explore=1024, plain_every=64):
         self.k, self.depth, self.total = configured
         self.profile, self.alpha = profile, alpha
         self.first_explore, self.max_explore = first_explore, max_explore
@@ -110,6 +116,8 @@ class DraftBudget:
         # sets it per call (identity where a call runs eager steps).
         self.padded = unpadded
         self._memo = {}
+        # The guard: rows -> {"tree" | "plain": measured tokens/s of whole rounds}, and tree rounds since a plain one.
+        self.measured, self.plain_every, self.trees_since_plain = {}, plain_every, {}
 
     # ------------------------------------------------------------ costs
 
@@ -151,17 +159,25 @@ class DraftBudget:
         rate, d = max((self.best_nodes(rows, gain[d], self.drafting(rows, d))[0], d) for d in range(1, self.depth + 1))
         self.predicted = rate
         rate *= self.realism.get(bucket(rows), 1.0)
-        since, wait = self.waits.setdefault(bucket(rows), [0, self.first_explore])
-        if rate > plain:
-            self.waits[bucket(rows)] = [0, self.first_explore]
+        b = bucket(rows)
+        if self.trees_since_plain.get(rows, 0) >= self.plain_every:  # keep the guard's plain side measured
+            return self._use(rows, PLAIN)
+        since, wait = self.waits.setdefault(b, [0, self.first_explore])
+        if rate > plain and not self.trees_lose(rows):
+            self.waits[b] = [0, self.first_explore]
             self.trees += 1
             # Curves of depths never drafted go stale: now and then draft one level deeper than the best.
             return self._use(rows, min(d + 1, self.depth) if self.trees % self.first_explore == 0 else d)
-        if since + 1 >= wait:  # plain keeps winning: look again (every depth), later each time
-            self.waits[bucket(rows)] = [0, min(2 * wait, self.max_explore)]
-            return self._use(rows, self.depth)
-        self.waits[bucket(rows)][0] += 1
+        if since + 1 >= wait:  # plain keeps winning: look again, later each time (every depth, unless only the
+            self.waits[b] = [0, min(2 * wait, self.max_explore)]  # guard said no: then the depth it would draft)
+            return self._use(rows, d if rate > plain else self.depth)
+        self.waits[b][0] += 1
         return self._use(rows, PLAIN)
+
+    def trees_lose(self, rows) -> bool:
+        """Whether whole tree rounds have measured slower than plain rounds at this many rows."""
+        m = self.measured.get(rows, {})
+        return "tree" in m and "plain" in m and m["tree"] < m["plain"]
 
     def _use(self, rows, d):
         self.used[(bucket(rows), d)] = self.used.get((bucket(rows), d), 0) + 1
@@ -196,17 +212,22 @@ class DraftBudget:
             curve[len(c):] = c[-1] if len(c) else 0.0
             gain[d] += alpha * (curve - gain[d])
 
-    def observe(self, shape, tree, acc, greedy, verify_s, draft_s):
-        """One round's outcome: acceptance of the verified nodes, the verify and draft seconds."""
+    def observe(self, shape, tree, acc, greedy, verify_s, draft_s, round_s=None):
+        """One round's outcome: acceptance of the verified nodes, the verify and draft seconds, and the whole round's
+        seconds (round_s: drafting, verify, accept and commit) for the guard."""
         rows, n = len(tree.tokens), tree.size
         ratio = verify_s / max(self._profiled(rows, n), 1e-9)
         shape_key = ("verify", rows, self.padded(n))
+        since = self.trees_since_plain
+        since[rows] = 0 if shape is PLAIN else since.get(rows, 0) + 1
         if shape_key not in self.warm:  # a forward shape's first run may compile its graphs: not a sample
             self.warm.add(shape_key)
-        elif n > 1:
-            self.tree_extra += self.alpha * (ratio / self.level - self.tree_extra)
         else:
-            self.level += self.alpha * (ratio - self.level)
+            self._measure(rows, shape, float(acc.length.sum()), round_s)
+            if n > 1:
+                self.tree_extra += self.alpha * (ratio / self.level - self.tree_extra)
+            else:
+                self.level += self.alpha * (ratio - self.level)
         if shape is PLAIN:
             return
         if n > 1 and tree.score is not None:
@@ -222,6 +243,15 @@ class DraftBudget:
             return
         old = self.draft_s.get(key, draft_s)
         self.draft_s[key] = old + self.draft_alpha * (draft_s - old)
+
+    def _measure(self, rows, shape, tokens, round_s, alpha=0.2):
+        """The guard's running tokens/s of whole rounds, tree (drafted, even if trim left a plain step) or plain, per
+        row count (rates at 5 and at 8 rows do not compare)."""
+        if not round_s:
+            return
+        kind, rate = "plain" if shape is PLAIN else "tree", tokens / round_s
+        m = self.measured.setdefault(rows, {})
+        m[kind] = rate if kind not in m else m[kind] + alpha * (rate - m[kind])
 
     def _calibrate(self, tree, acc, greedy):
         valid, score, depth, _ = tree_arrays(tree)

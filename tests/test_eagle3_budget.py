@@ -122,3 +122,53 @@ def test_plan_discounts_trees_by_how_their_predictions_held_up():
         budget.observe((2, 2, 4), tree, Accepted(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, dtype=torch.long),
                                                  torch.zeros(1, dtype=torch.long)), True, CPU_LIKE.cost(1, 3), 0.03)
     assert budget.realism[0] < 0.5 and budget.plan(1, True) is PLAIN
+
+
+def plain_round(rows):
+    tree = from_nodes(torch.zeros(rows, dtype=torch.long), [[] for _ in range(rows)])
+    z = torch.zeros(rows, dtype=torch.long)
+    return tree, Accepted(z[:, None], z + 1, z)
+
+
+def test_guard_takes_plain_steps_where_whole_tree_rounds_measure_slower():
+    """The model predicts trees win at batch 1, but whole tree rounds measure 10% fewer tokens/s than plain ones:
+    plan takes plain steps, probing on the usual schedule with the depth it would draft; when tree rounds measure
+    faster again, it drafts again."""
+    budget = DraftBudget((2, 4, 8), CPU_LIKE)
+    budget.plan(1, True)
+    budget.trim(chain_tree(1, [0.9, 0.8, 0.3, 0.1]), True)
+    for d in (1, 2, 3, 4):
+        budget.draft_s[(0, d)] = 0.001 * d
+    assert budget.plan(1, True) == (2, 2, 8)
+    tree, acc = chain_tree(1, [0.9, 0.8]), Accepted(torch.tensor([[0, 1, 1]]), torch.tensor([2]), torch.tensor([5]))
+    plain, plain_acc = plain_round(1)
+    for r in range(2):  # the first round of each shape compiles: not a sample
+        budget.observe((2, 2, 8), tree, acc, True, 0.02, 0.005, round_s=2 / 90)  # 90 tokens/s
+        budget.observe(PLAIN, plain, plain_acc, True, 0.01, 0.0, round_s=1 / 100)  # 100 tokens/s
+    assert budget.trees_lose(1)
+    picks = [budget.plan(1, True) for _ in range(40)]
+    probes = [i for i, s in enumerate(picks) if s is not PLAIN]
+    assert probes == [15] and picks[15][1] < 4  # the depth the model would draft, not the whole tree
+    for _ in range(8):  # tree rounds now measure 120 tokens/s
+        budget.observe((2, 2, 8), tree, acc, True, 0.02, 0.005, round_s=2 / 120)
+    assert not budget.trees_lose(1) and budget.plan(1, True) is not PLAIN
+
+
+def test_guard_measures_plain_steps_now_and_then_while_trees_win():
+    budget = DraftBudget((2, 2, 4), CPU_LIKE, plain_every=8)
+    budget.plan(1, True)
+    budget.trim(chain_tree(1, [0.9, 0.8]), True)
+    budget.draft_s[(0, 1)] = budget.draft_s[(0, 2)] = 0.001
+    tree, acc = chain_tree(1, [0.9, 0.8]), Accepted(torch.tensor([[0, 1, 1]]), torch.tensor([2]), torch.tensor([5]))
+    plain, plain_acc = plain_round(1)
+    kinds = []
+    for _ in range(30):
+        shape = budget.plan(1, True)
+        kinds.append("plain" if shape is PLAIN else "tree")
+        if shape is PLAIN:
+            budget.observe(PLAIN, plain, plain_acc, True, 0.01, 0.0, round_s=1 / 100)
+        else:
+            budget.observe(shape, tree, acc, True, 0.02, 0.005, round_s=2 / 150)
+    # 8 tree rounds, a plain one, 8 tree rounds, a plain one, ... (first rounds of a shape count, unmeasured)
+    assert [i for i, k in enumerate(kinds) if k == "plain"] == [8, 17, 26]
+    assert budget.measured[1]["plain"] == pytest.approx(100) and budget.measured[1]["tree"] == pytest.approx(150)
