@@ -18,14 +18,16 @@ surest nodes do. Every round:
      the drafter's cost (without its catch-up on skipped plain steps: a one-off that plain rounds cause, which
      would otherwise make every probe after a run of plain steps look too dear to draft again).
 
-While plain steps win, the gain curves are not refreshed, so a tree is drafted again after `explore` plain rounds
-(16, doubling up to 1024 while plain keeps winning): at most a few per cent of the rounds.
+While plain steps win, the gain curves are not refreshed, so a tree of the best depth is drafted again after
+`explore` plain rounds (16, doubling up to 1024 while plain keeps winning): at most a few per cent of the rounds.
 
-Last, a guard that holds "never slower than vanilla" when the estimates are wrong (costs the profile misses, gain
-curves that lag): per row count, the measured tokens per second of whole tree rounds and of plain rounds
-(drafting, verify, accept, commit: every second a round costs). Where tree rounds measure slower, plan takes plain
-steps whatever it predicts, and probes again on the same schedule; a plain round is taken after every `plain_every`
-tree rounds to keep the plain side measured (one token instead of ~1.5 in 1 of 64 rounds: < 1%).
+Last, measurements overrule the estimates, which are wrong often enough to lose (costs the profile misses, gain
+curves that lag: on the AMX Xeon at batch 1 the plan took plain steps and depth-5 probes whose drafting cost 15 ms,
+while depth-2 trees measured 1.2x vanilla). Per row count, every arm — plain steps and each depth — keeps the measured
+tokens per second of its whole rounds (drafting, verify, accept, commit: every second a round costs). Once the
+model's choice and plain steps are measured, plan takes the best measured arm, after trying each neighbour of it
+(one level shallower or deeper, plain below depth 1) for `samples` rounds, and re-measures the stalest neighbour
+every `refresh` rounds: the model picks where to start, measurements pick where to stay.
 """
 import numpy as np
 import torch
@@ -93,7 +95,8 @@ def surest(score, valid, mask):
 
 
 class DraftBudget:
-    def __init__(self, configured, profile=None, alpha=0.1, first_explore=16, max_explore=1024, plain_every=64):
+    def __init__(self, configured, profile=None, alpha=0.1, first_explore=16, max_explore=1024, samples=8,
+                 refresh=32):
         self.k, self.depth, self.total = configured
         self.profile, self.alpha = profile, alpha
         self.first_explore, self.max_explore = first_explore, max_explore
@@ -116,8 +119,9 @@ class DraftBudget:
         # sets it per call (identity where a call runs eager steps).
         self.padded = unpadded
         self._memo = {}
-        # The guard: rows -> {"tree" | "plain": measured tokens/s of whole rounds}, and tree rounds since a plain one.
-        self.measured, self.plain_every, self.trees_since_plain = {}, plain_every, {}
+        # Measured arms: rows -> {PLAIN or depth: [tokens/s of whole rounds, rounds, round last measured, running
+        # tokens and seconds of a round]}.
+        self.measured, self.samples, self.refresh, self.clock = {}, samples, refresh, {}
 
     # ------------------------------------------------------------ costs
 
@@ -160,24 +164,40 @@ class DraftBudget:
         self.predicted = rate
         rate *= self.realism.get(bucket(rows), 1.0)
         b = bucket(rows)
-        if self.trees_since_plain.get(rows, 0) >= self.plain_every:  # keep the guard's plain side measured
-            return self._use(rows, PLAIN)
+        arm = self._measured_arm(rows, d if rate > plain else PLAIN)
+        if arm != "model":
+            return self._use(rows, arm)
         since, wait = self.waits.setdefault(b, [0, self.first_explore])
-        if rate > plain and not self.trees_lose(rows):
+        if rate > plain:
             self.waits[b] = [0, self.first_explore]
             self.trees += 1
             # Curves of depths never drafted go stale: now and then draft one level deeper than the best.
             return self._use(rows, min(d + 1, self.depth) if self.trees % self.first_explore == 0 else d)
-        if since + 1 >= wait:  # plain keeps winning: look again, later each time (every depth, unless only the
-            self.waits[b] = [0, min(2 * wait, self.max_explore)]  # guard said no: then the depth it would draft)
-            return self._use(rows, d if rate > plain else self.depth)
+        if since + 1 >= wait:  # plain keeps winning: look again, later each time, at the best depth (a probe of
+            self.waits[b] = [0, min(2 * wait, self.max_explore)]  # the whole tree cost ~10 plain steps at batch 32)
+            return self._use(rows, d)
         self.waits[b][0] += 1
         return self._use(rows, PLAIN)
 
-    def trees_lose(self, rows) -> bool:
-        """Whether whole tree rounds have measured slower than plain rounds at this many rows."""
+    def _measured_arm(self, rows, choice):
+        """The arm (PLAIN or a depth) measurements pick at this row count, or "model" while the model's `choice` is
+        unmeasured."""
         m = self.measured.get(rows, {})
-        return "tree" in m and "plain" in m and m["tree"] < m["plain"]
+        now = self.clock[rows] = self.clock.get(rows, 0) + 1
+        if m.get(choice, [0, 0])[1] < self.samples:
+            return "model"
+        if m.get(PLAIN, [0, 0])[1] < self.samples:  # plain steps are the yardstick: measure them too
+            return PLAIN
+        best = max(m, key=lambda a: m[a][0] if m[a][1] >= self.samples else -1.0)
+        arms = [PLAIN, *range(1, self.depth + 1)]
+        i = arms.index(best)
+        near = arms[max(i - 1, 0): i + 2]
+        for a in near:  # a neighbour not yet measured enough
+            if m.get(a, [0, 0])[1] < self.samples:
+                return a
+        if now % self.refresh == 0:  # re-measure the stalest neighbour (the landscape moves with the context)
+            return min((a for a in near if a != best), key=lambda a: m[a][2])
+        return best
 
     def _use(self, rows, d):
         self.used[(bucket(rows), d)] = self.used.get((bucket(rows), d), 0) + 1
@@ -218,8 +238,6 @@ class DraftBudget:
         rows, n = len(tree.tokens), tree.size
         ratio = verify_s / max(self._profiled(rows, n), 1e-9)
         shape_key = ("verify", rows, self.padded(n))
-        since = self.trees_since_plain
-        since[rows] = 0 if shape is PLAIN else since.get(rows, 0) + 1
         if shape_key not in self.warm:  # a forward shape's first run may compile its graphs: not a sample
             self.warm.add(shape_key)
         else:
@@ -244,14 +262,17 @@ class DraftBudget:
         old = self.draft_s.get(key, draft_s)
         self.draft_s[key] = old + self.draft_alpha * (draft_s - old)
 
-    def _measure(self, rows, shape, tokens, round_s, alpha=0.2):
-        """The guard's running tokens/s of whole rounds, tree (drafted, even if trim left a plain step) or plain, per
-        row count (rates at 5 and at 8 rows do not compare)."""
+    def _measure(self, rows, shape, tokens, round_s, alpha=0.1):
+        """The arm's tokens/s of whole rounds: running tokens over running seconds (a round's own rate swings 3x
+        with its accepted length; their ratio does not). A drafted round counts for its depth even where trim left a
+        plain step: it paid for the drafting."""
         if not round_s:
             return
-        kind, rate = "plain" if shape is PLAIN else "tree", tokens / round_s
+        arm = PLAIN if shape is PLAIN else shape[1]
         m = self.measured.setdefault(rows, {})
-        m[kind] = rate if kind not in m else m[kind] + alpha * (rate - m[kind])
+        rate, n, _, tok, sec = m.get(arm, [0.0, 0, 0, tokens, round_s])
+        tok, sec = tok + alpha * (tokens - tok), sec + alpha * (round_s - sec)
+        m[arm] = [tok / sec, n + 1, self.clock.get(rows, 0), tok, sec]
 
     def _calibrate(self, tree, acc, greedy):
         valid, score, depth, _ = tree_arrays(tree)

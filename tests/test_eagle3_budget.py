@@ -83,7 +83,7 @@ def test_plan_drafts_where_it_pays_and_probes_ever_more_rarely_where_it_does_not
     assert budget.plan(1, True) == (2, 2, 8)  # two sure levels pay at batch 1; deeper ones cost more than they give
     picks = [budget.plan(32, True) for _ in range(600)]  # 32 rows: a level costs 64 ms + 10 ms of drafting
     probes = [i for i, s in enumerate(picks) if s is not PLAIN]
-    assert len(probes) <= 7 and probes[0] == 15 and all(picks[i] == (2, 4, 8) for i in probes)  # every depth
+    assert len(probes) <= 7 and probes[0] == 15 and all(picks[i] == (2, 1, 8) for i in probes)  # the best depth
     gaps = np.diff(probes)
     assert (gaps[1:] == 2 * gaps[:-1]).all()  # each probe that loses doubles the wait
     deeper = [budget.plan(1, True) for _ in range(2 * budget.first_explore)]
@@ -130,45 +130,64 @@ def plain_round(rows):
     return tree, Accepted(z[:, None], z + 1, z)
 
 
-def test_guard_takes_plain_steps_where_whole_tree_rounds_measure_slower():
-    """The model predicts trees win at batch 1, but whole tree rounds measure 10% fewer tokens/s than plain ones:
-    plan takes plain steps, probing on the usual schedule with the depth it would draft; when tree rounds measure
-    faster again, it drafts again."""
-    budget = DraftBudget((2, 4, 8), CPU_LIKE)
+def measured_budget():
+    """Batch 1, where the model drafts depth 2 (its gain curves and drafting costs set as in the tests above)."""
+    budget = DraftBudget((2, 4, 8), CPU_LIKE, samples=2, refresh=10)
     budget.plan(1, True)
     budget.trim(chain_tree(1, [0.9, 0.8, 0.3, 0.1]), True)
     for d in (1, 2, 3, 4):
         budget.draft_s[(0, d)] = 0.001 * d
     assert budget.plan(1, True) == (2, 2, 8)
-    tree, acc = chain_tree(1, [0.9, 0.8]), Accepted(torch.tensor([[0, 1, 1]]), torch.tensor([2]), torch.tensor([5]))
-    plain, plain_acc = plain_round(1)
-    for r in range(2):  # the first round of each shape compiles: not a sample
-        budget.observe((2, 2, 8), tree, acc, True, 0.02, 0.005, round_s=2 / 90)  # 90 tokens/s
-        budget.observe(PLAIN, plain, plain_acc, True, 0.01, 0.0, round_s=1 / 100)  # 100 tokens/s
-    assert budget.trees_lose(1)
-    picks = [budget.plan(1, True) for _ in range(40)]
-    probes = [i for i, s in enumerate(picks) if s is not PLAIN]
-    assert probes == [15] and picks[15][1] < 4  # the depth the model would draft, not the whole tree
-    for _ in range(8):  # tree rounds now measure 120 tokens/s
-        budget.observe((2, 2, 8), tree, acc, True, 0.02, 0.005, round_s=2 / 120)
-    assert not budget.trees_lose(1) and budget.plan(1, True) is not PLAIN
+    return budget
 
 
-def test_guard_measures_plain_steps_now_and_then_while_trees_win():
-    budget = DraftBudget((2, 2, 4), CPU_LIKE, plain_every=8)
-    budget.plan(1, True)
-    budget.trim(chain_tree(1, [0.9, 0.8]), True)
-    budget.draft_s[(0, 1)] = budget.draft_s[(0, 2)] = 0.001
+def run(budget, rounds, rates):
+    """Plan and observe `rounds` rounds at batch 1 whose whole rounds give rates[arm] tokens/s (arm: PLAIN or a
+    depth; a tree round emits 2 tokens); returns the arms taken."""
     tree, acc = chain_tree(1, [0.9, 0.8]), Accepted(torch.tensor([[0, 1, 1]]), torch.tensor([2]), torch.tensor([5]))
     plain, plain_acc = plain_round(1)
-    kinds = []
-    for _ in range(30):
+    taken = []
+    for _ in range(rounds):
         shape = budget.plan(1, True)
-        kinds.append("plain" if shape is PLAIN else "tree")
-        if shape is PLAIN:
-            budget.observe(PLAIN, plain, plain_acc, True, 0.01, 0.0, round_s=1 / 100)
+        arm = PLAIN if shape is PLAIN else shape[1]
+        taken.append(arm)
+        if arm is PLAIN:
+            budget.observe(PLAIN, plain, plain_acc, True, 0.01, 0.0, round_s=1 / rates[PLAIN])
         else:
-            budget.observe(shape, tree, acc, True, 0.02, 0.005, round_s=2 / 150)
-    # 8 tree rounds, a plain one, 8 tree rounds, a plain one, ... (first rounds of a shape count, unmeasured)
-    assert [i for i, k in enumerate(kinds) if k == "plain"] == [8, 17, 26]
-    assert budget.measured[1]["plain"] == pytest.approx(100) and budget.measured[1]["tree"] == pytest.approx(150)
+            budget.observe(shape, tree, acc, True, 0.01, 0.001, round_s=2 / rates[arm])
+    return taken
+
+
+def test_measured_arms_settle_on_the_fastest_and_keep_checking_its_neighbours():
+    """The model starts at depth 2; plain steps are measured as the yardstick, then depths 1 and 3 around the best;
+    the fastest measured arm (depth 3 here) is kept, and its neighbours are re-measured every `refresh` rounds."""
+    budget = measured_budget()
+    rates = {PLAIN: 100.0, 1: 90.0, 2: 120.0, 3: 140.0, 4: 110.0}
+    taken = run(budget, 60, rates)
+    assert taken[:3] == [2, 2, 2]  # the model's choice (its first round compiles: not a sample)
+    assert PLAIN in taken[:8] and 1 in taken[:12] and 3 in taken[:12] and 4 in taken[:20]
+    late = taken[30:]
+    assert late.count(3) >= 26 and set(late) <= {2, 3, 4}  # depth 3 kept; 2 and 4 re-measured now and then
+    assert budget.measured[1][3][0] == pytest.approx(140.0)
+
+
+def test_measured_plain_steps_win_over_a_model_that_predicts_trees():
+    """The model drafts depth 2, but whole tree rounds of every depth measure slower than plain steps: after the
+    first samples nearly every round is plain, depth 1 re-measured every `refresh` rounds."""
+    budget = measured_budget()
+    taken = run(budget, 80, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0})
+    late = taken[30:]
+    assert late.count(PLAIN) >= 44 and set(late) <= {PLAIN, 1}
+
+
+def test_measured_tree_rounds_overrule_a_plan_that_predicts_plain_steps():
+    budget = DraftBudget((2, 4, 8), CPU_LIKE, samples=2)
+    budget.plan(32, True)
+    budget.trim(chain_tree(32, [0.9, 0.8, 0.3, 0.1]), True)
+    for d in (1, 2, 3, 4):
+        budget.draft_s[(5, d)] = 0.01 * d
+    assert budget.plan(32, True) is PLAIN  # the model: a level costs 64 ms + 10 ms of drafting at 32 rows
+    budget.measured[32] = {PLAIN: [600.0, 2, 0, 1, 1], 1: [900.0, 2, 0, 1, 1], 2: [700.0, 2, 0, 1, 1]}  # measured: depth 1 is faster
+    assert budget.plan(32, True) == (2, 1, 8)
+    budget.measured[32][1][0] = budget.measured[32][2][0] = 500.0  # now every measured depth is slower
+    assert budget.plan(32, True) is PLAIN
