@@ -27,7 +27,8 @@ while depth-2 trees measured 1.2x vanilla). Per row count, every arm — plain s
 tokens per second of its whole rounds (drafting, verify, accept, commit: every second a round costs). Once the
 model's choice and plain steps are measured, plan takes the best measured arm, after trying each neighbour of it
 (one level shallower or deeper, plain below depth 1) for `samples` rounds, and re-measures the stalest neighbour
-every `refresh` rounds: the model picks where to start, measurements pick where to stay.
+after `refresh` rounds, then after twice as many while the best arm stays the best (up to `max_explore`): the model
+picks where to start, measurements pick where to stay.
 """
 import numpy as np
 import torch
@@ -122,6 +123,7 @@ class DraftBudget:
         # Measured arms: rows -> {PLAIN or depth: [tokens/s of whole rounds, rounds, round last measured, running
         # tokens and seconds of a round]}.
         self.measured, self.samples, self.refresh, self.clock = {}, samples, refresh, {}
+        self.refreshed = {}  # rows -> (round of the last re-measurement, rounds until the next, the best arm then)
 
     # ------------------------------------------------------------ costs
 
@@ -195,8 +197,15 @@ class DraftBudget:
         for a in near:  # a neighbour not yet measured enough
             if m.get(a, [0, 0])[1] < self.samples:
                 return a
-        if now % self.refresh == 0:  # re-measure the stalest neighbour (the landscape moves with the context)
+        # Re-measure the stalest neighbour now and then (the landscape moves with the context and the prompts), less
+        # often each time while the best arm stays the best.
+        last, wait, kept = self.refreshed.get(rows, (0, self.refresh, best))
+        if kept != best:
+            wait = self.refresh
+        if now - last >= wait:
+            self.refreshed[rows] = (now, min(2 * wait, self.max_explore), best)
             return min((a for a in near if a != best), key=lambda a: m[a][2])
+        self.refreshed[rows] = (last, wait, best)
         return best
 
     def _use(self, rows, d):

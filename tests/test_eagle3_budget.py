@@ -173,11 +173,13 @@ def test_measured_arms_settle_on_the_fastest_and_keep_checking_its_neighbours():
 
 def test_measured_plain_steps_win_over_a_model_that_predicts_trees():
     """The model drafts depth 2, but whole tree rounds of every depth measure slower than plain steps: after the
-    first samples nearly every round is plain, depth 1 re-measured every `refresh` rounds."""
+    first samples nearly every round is plain, depth 1 re-measured after 10 rounds, then 20, 40, 80, ..."""
     budget = measured_budget()
-    taken = run(budget, 80, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0})
+    taken = run(budget, 400, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0})
     late = taken[30:]
-    assert late.count(PLAIN) >= 44 and set(late) <= {PLAIN, 1}
+    assert set(late) <= {PLAIN, 1}
+    gaps = np.diff([i for i, a in enumerate(late) if a == 1])
+    assert len(gaps) >= 2 and (gaps[1:] >= 2 * gaps[:-1] - 1).all()  # each re-measurement waits twice as long
 
 
 def test_measured_tree_rounds_overrule_a_plan_that_predicts_plain_steps():

@@ -99,3 +99,21 @@ def test_padding_nodes_are_never_accepted():
     probs = torch.softmax(logits * 10, -1)
     acc = verify_sampling(tree, probs, generator=torch.Generator().manual_seed(0))
     assert acc.length.tolist() == [3, 1]
+
+
+def test_head_catch_up_reads_a_bounded_window_and_stays_lossless(target):
+    """After a long prompt (or a long run of plain steps) the head reads only the last CATCH_UP pairs of a row before
+    its next tree, so a probe never costs a head forward over everything skipped; the output is unchanged."""
+    from eagle3.batch import LiveBatch
+    from eagle3.drafters.eagle import CATCH_UP, EagleDrafter
+
+    dec = decoder_for(target, parallel_degree=2, depth=3, total_tokens=6)
+    long_prompts = random_prompts(3, target.config.vocab_size, seed=21, min_len=CATCH_UP + 40, max_len=CATCH_UP + 60)
+    batch = LiveBatch(target.model, long_prompts, [8] * 3, [], 3, CATCH_UP + 80)
+    drafter = EagleDrafter(target, dec.head, dec.configured)
+    drafter.join(batch, *batch.admit(lambda logits: logits.argmax(-1)))
+    drafter.prepare(batch)
+    assert drafter.cache.lens.tolist() == [CATCH_UP] * 3
+    vanilla = dec.generate_ids(long_prompts, max_new_tokens=12, speculative=False)
+    spec = dec.generate_ids(long_prompts, max_new_tokens=12, batch_size=2)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]

@@ -5,6 +5,8 @@ import torch
 from ..tree import draft_tree
 from .base import Drafter
 
+CATCH_UP = 96  # most (features, token) pairs per row the head reads before a tree (a prompt's ~50 fit)
+
 
 class EagleDrafter(Drafter):
     def __init__(self, target, head, configured):
@@ -62,8 +64,11 @@ class EagleDrafter(Drafter):
         output at each row's last pair (rows with none keep root_out), which drafts the next tree."""
         unread, hcache, root_out = self.unread, self.cache, self.root_out
         n, dev = len(unread), hcache.lens.device
-        feats = [torch.cat([f for f, _ in u]) if u else None for u in unread]
-        toks = [torch.cat([t for _, t in u]) if u else None for u in unread]
+        # The last CATCH_UP pairs only: after a long run of plain steps (the budget found trees do not pay) the head
+        # reading all of them would make every probe cost several plain steps; the target's features at the recent
+        # positions carry the older context, and a draft never changes the output, only its speed.
+        feats = [torch.cat([f for f, _ in u])[-CATCH_UP:] if u else None for u in unread]
+        toks = [torch.cat([t for _, t in u])[-CATCH_UP:] if u else None for u in unread]
         counts = [0 if t is None else len(t) for t in toks]
         P, ref = max(counts), next(f for f in feats if f is not None)
         feat = torch.zeros(n, P, ref.shape[-1], dtype=ref.dtype, device=dev)
