@@ -124,6 +124,7 @@ class DraftBudget:
         # tokens and seconds of a round]}.
         self.measured, self.samples, self.refresh, self.clock = {}, samples, refresh, {}
         self.refreshed = {}  # rows -> (round of the last re-measurement, rounds until the next, the best arm then)
+        self.choice = {}     # (rows, greedy) -> the model's last choice (PLAIN or a depth)
 
     # ------------------------------------------------------------ costs
 
@@ -160,13 +161,19 @@ class DraftBudget:
         """The depth to draft this round, as the drafter's shape (parallel_degree, depth, total_tokens), or PLAIN."""
         if greedy not in self.gain:
             return self._use(rows, self.depth)  # nothing measured yet: draft the whole tree once
+        self.clock[rows] = self.clock.get(rows, 0) + 1
+        if (rows, greedy) in self.choice:  # measurements first: the model's sums cost ~0.5 ms, 4% of a step
+            arm = self._measured_arm(rows, self.choice[(rows, greedy)])
+            if arm != "model":
+                return self._use(rows, arm)
         plain = rows / self.cost(rows, 1)
         gain = np.maximum.accumulate(self.gain[greedy], 0)  # a deeper draft holds the shallower one's nodes
         rate, d = max((self.best_nodes(rows, gain[d], self.drafting(rows, d))[0], d) for d in range(1, self.depth + 1))
         self.predicted = rate
         rate *= self.realism.get(bucket(rows), 1.0)
         b = bucket(rows)
-        arm = self._measured_arm(rows, d if rate > plain else PLAIN)
+        self.choice[(rows, greedy)] = d if rate > plain else PLAIN
+        arm = self._measured_arm(rows, self.choice[(rows, greedy)])
         if arm != "model":
             return self._use(rows, arm)
         since, wait = self.waits.setdefault(b, [0, self.first_explore])
@@ -184,8 +191,7 @@ class DraftBudget:
     def _measured_arm(self, rows, choice):
         """The arm (PLAIN or a depth) measurements pick at this row count, or "model" while the model's `choice` is
         unmeasured."""
-        m = self.measured.get(rows, {})
-        now = self.clock[rows] = self.clock.get(rows, 0) + 1
+        m, now = self.measured.get(rows, {}), self.clock[rows]
         if m.get(choice, [0, 0])[1] < self.samples:
             return "model"
         if m.get(PLAIN, [0, 0])[1] < self.samples:  # plain steps are the yardstick: measure them too
