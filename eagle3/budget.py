@@ -36,6 +36,7 @@ import torch
 from .tree import prune
 
 PLAIN = None  # no draft this round: one ordinary decode step for every row
+MODEL = "model"  # _measured_arm: the model decides (its choice is not measured yet)
 BINS = 10     # calibration bins over the draft score in [0, 1]
 
 
@@ -164,7 +165,7 @@ class DraftBudget:
         self.clock[rows] = self.clock.get(rows, 0) + 1
         if (rows, greedy) in self.choice:  # measurements first: the model's sums cost ~0.5 ms, 4% of a step
             arm = self._measured_arm(rows, self.choice[(rows, greedy)])
-            if arm != "model":
+            if arm != MODEL:
                 return self._use(rows, arm)
         plain = rows / self.cost(rows, 1)
         gain = np.maximum.accumulate(self.gain[greedy], 0)  # a deeper draft holds the shallower one's nodes
@@ -174,7 +175,7 @@ class DraftBudget:
         b = bucket(rows)
         self.choice[(rows, greedy)] = d if rate > plain else PLAIN
         arm = self._measured_arm(rows, self.choice[(rows, greedy)])
-        if arm != "model":
+        if arm != MODEL:
             return self._use(rows, arm)
         since, wait = self.waits.setdefault(b, [0, self.first_explore])
         if rate > plain:
@@ -189,11 +190,11 @@ class DraftBudget:
         return self._use(rows, PLAIN)
 
     def _measured_arm(self, rows, choice):
-        """The arm (PLAIN or a depth) measurements pick at this row count, or "model" while the model's `choice` is
+        """The arm (PLAIN or a depth) measurements pick at this row count, or MODEL while the model's `choice` is
         unmeasured."""
         m, now = self.measured.get(rows, {}), self.clock[rows]
         if m.get(choice, [0, 0])[1] < self.samples:
-            return "model"
+            return MODEL
         if m.get(PLAIN, [0, 0])[1] < self.samples:  # plain steps are the yardstick: measure them too
             return PLAIN
         best = max(m, key=lambda a: m[a][0] if m[a][1] >= self.samples else -1.0)
@@ -249,7 +250,7 @@ class DraftBudget:
 
     def observe(self, shape, tree, acc, greedy, verify_s, draft_s, round_s=None):
         """One round's outcome: acceptance of the verified nodes, the verify and draft seconds, and the whole round's
-        seconds (round_s: drafting, verify, accept and commit) for the guard."""
+        seconds (round_s: catch-up, drafting, verify, accept and commit) for the measured arms."""
         rows, n = len(tree.tokens), tree.size
         ratio = verify_s / max(self._profiled(rows, n), 1e-9)
         shape_key = ("verify", rows, self.padded(n))

@@ -32,7 +32,8 @@ inline v16 load(const float* p) {
 
 // The 16 lanes added in one fixed tree (halves, quarters, ...).
 inline float hsum(v16 a) {
-  v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
   v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
@@ -151,5 +152,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 }  // namespace
 
-TORCH_LIBRARY(eagle3_attention, m) { m.def("attend(Tensor q, Tensor k, Tensor v, Tensor k2, Tensor v2, Tensor mask) -> Tensor"); }
+TORCH_LIBRARY(eagle3_attention, m) {
+  m.def("attend(Tensor q, Tensor k, Tensor v, Tensor k2, Tensor v2, Tensor mask) -> Tensor");
+}
 TORCH_LIBRARY_IMPL(eagle3_attention, CPU, m) { m.impl("attend", &attend); }
