@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import argmax
+
 
 @dataclass
 class Accepted:
@@ -52,9 +54,10 @@ def _path_to(tree, last):
 
 
 def greedy(logits):
-    """The target's greedy token: argmax taken in fp32. bf16's CPU argmax is ~3-4x slower; the conversion is exact,
-    so the result (ties: the lowest index) is the same. Plain decoding and verification both pick with this."""
-    return logits.float().argmax(-1)
+    """The target's greedy token: argmax taken in fp32 (ties: the lowest index). bf16's CPU argmax is ~3-4x slower,
+    so bf16 logits on a CPU go through eagle3/argmax.py's kernel, which compares the same fp32 values without writing
+    them out. Plain decoding and verification both pick with this."""
+    return argmax.greedy(logits)
 
 
 def verify_greedy(tree, logits, threshold=1.0):

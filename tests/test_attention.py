@@ -61,3 +61,4 @@ def test_bf16_models_attend_in_fp32_through_the_kernel():
     q, k, v, mask = qkv(2, 6, 2, 3, 20)
     mask[..., 0] = True
     assert torch.equal(layers.attend(q, k, v, mask), attention.attend(q, k, v, mask))
+
