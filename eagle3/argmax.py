@@ -21,9 +21,9 @@ def available() -> bool:
         return False
     from torch.utils.cpp_extension import load
 
-    from .attention import _flags
+    from .attention import build_flags
 
-    width, flags = _flags()
+    width, flags = build_flags()
     try:
         load(name=f"eagle3_argmax_{width}", sources=[str(SOURCE)], extra_cflags=["-O3", "-fopenmp", *flags],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)

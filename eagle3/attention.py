@@ -23,7 +23,7 @@ SOURCE = Path(__file__).parent / "kernels" / "attention.cpp"
 HEAD_DIMS = (16, 32, 64, 128)  # the kernel's
 
 
-def _flags():
+def build_flags():
     """Compiler flags and a name for this CPU's vector width (one build per width, so a cache shared by machines
     never hands one a library it cannot run)."""
     from .hardware import cpu_flags
@@ -47,7 +47,7 @@ def available() -> bool:
         return False
     from torch.utils.cpp_extension import load
 
-    width, flags = _flags()
+    width, flags = build_flags()
     try:
         load(name=f"eagle3_attention_{width}", sources=[str(SOURCE)], extra_cflags=["-O3", "-fopenmp", *flags],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
