@@ -6,31 +6,22 @@ per row at batch 8 that conversion and argmax over 8 x 16 x 49,152 logits took 5
 of the round; the kernel reads the bf16 values once. Built at first use like the attention kernel (eagle3/attention.py);
 elsewhere, or with EAGLE3_ARGMAX=0, the fp32 argmax runs."""
 import os
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from .attention import build
 
 SOURCE = Path(__file__).parent / "kernels" / "argmax.cpp"
 
 
 @lru_cache(maxsize=1)
 def available() -> bool:
+    """Whether bf16 greedy picks run this kernel: EAGLE3_ARGMAX is not 0 and it builds."""
     if os.environ.get("EAGLE3_ARGMAX", "1") == "0":
         return False
-    from torch.utils.cpp_extension import load
-
-    from .attention import build_flags
-
-    width, flags = build_flags()
-    try:
-        load(name=f"eagle3_argmax_{width}", sources=[str(SOURCE)], extra_cflags=["-O3", "-fopenmp", *flags],
-             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
-    except Exception as e:  # no compiler: the fp32 argmax
-        warnings.warn(f"eagle3.argmax: the kernel did not build ({e}); greedy picks convert to fp32")
-        return False
-    return True
+    return build("eagle3_argmax", SOURCE, "greedy picks convert to fp32")
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:

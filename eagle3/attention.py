@@ -23,17 +23,28 @@ SOURCE = Path(__file__).parent / "kernels" / "attention.cpp"
 HEAD_DIMS = (16, 32, 64, 128)  # the kernel's
 
 
-def build_flags():
-    """Compiler flags and a name for this CPU's vector width (one build per width, so a cache shared by machines
-    never hands one a library it cannot run)."""
+def build(name, source, fallback) -> bool:
+    """Compile (or find in torch's extension cache) an own CPU kernel for this CPU's vector width: one build per width,
+    so a cache shared by machines never hands one a library it cannot run. False, with a warning saying what runs
+    instead (`fallback`), where it does not build (no compiler)."""
+    from torch.utils.cpp_extension import load
+
     from .hardware import cpu_flags
 
     have = cpu_flags()
     if {"avx512f", "avx512vl", "fma"} <= have:
-        return "avx512", ["-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512"]
-    if {"avx2", "fma"} <= have:
-        return "avx2", ["-mavx2", "-mfma"]
-    return "base", []
+        width, flags = "avx512", ["-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512"]
+    elif {"avx2", "fma"} <= have:
+        width, flags = "avx2", ["-mavx2", "-mfma"]
+    else:
+        width, flags = "base", []
+    try:
+        load(name=f"{name}_{width}", sources=[str(source)], extra_cflags=["-O3", "-fopenmp", *flags],
+             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+    except Exception as e:
+        warnings.warn(f"{name}: the kernel did not build ({e}); {fallback}")
+        return False
+    return True
 
 
 _BUILT = False  # set by available(): what runs() reads inside compiled graphs (which cannot trace the build)
@@ -45,14 +56,7 @@ def available() -> bool:
     global _BUILT
     if os.environ.get("EAGLE3_ATTENTION", "1") == "0":
         return False
-    from torch.utils.cpp_extension import load
-
-    width, flags = build_flags()
-    try:
-        load(name=f"eagle3_attention_{width}", sources=[str(SOURCE)], extra_cflags=["-O3", "-fopenmp", *flags],
-             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
-    except Exception as e:  # no compiler: float64 SDPA, as before
-        warnings.warn(f"eagle3.attention: the kernel did not build ({e}); attention stays float64")
+    if not build("eagle3_attention", SOURCE, "attention stays float64"):  # no compiler: float64 SDPA, as before
         return False
     torch.library.register_fake("eagle3_attention::attend")(lambda q, k, v, k2, v2, mask: q.new_empty(q.shape))
     _BUILT = True
