@@ -67,9 +67,8 @@ def verify_greedy(tree, logits, threshold=1.0):
     good = tree.tokens == pred.gather(1, tree.parents)  # each node is its parent's greedy token
     if threshold < 1.0:
         probs = torch.softmax(logits.float(), -1)
-        at_parent = probs.gather(1, tree.parents[..., None].expand(B, N, probs.shape[-1]))  # [B, N, V]
-        p_tok = at_parent.gather(2, tree.tokens[..., None])[..., 0]
-        good |= p_tok >= threshold * at_parent.max(-1).values
+        p_tok = probs[rows[:, None], tree.parents, tree.tokens]  # [B, N]: each node's token at its parent
+        good |= p_tok >= threshold * probs.max(-1).values.gather(1, tree.parents)
     if tree.valid is not None:
         good &= tree.valid
     good[:, 0] = True
