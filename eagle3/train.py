@@ -241,6 +241,22 @@ def split_heldout(seqs, frac, seed=0):
     return [s for i, s in enumerate(seqs) if i not in held], [s for i, s in enumerate(seqs) if i in held]
 
 
+def crop_prompts(seqs, context):
+    """Keep at most `context` prompt tokens before each answer (None: all). Loss is taken on answer tokens only, and
+    the stored features already carry the whole prompt (the target computed them over all of it), so the dropped
+    positions cost compute without adding a label: round 7's prompts are 3.6x its answers. The head then attends
+    to at most `context` prompt positions in training, more at inference; RoPE makes positions relative, so the
+    shift itself changes nothing."""
+    if context is None:
+        return seqs
+    out = []
+    for s in seqs:
+        k = max(0, s["prompt_len"] - context)
+        out.append(s if k == 0 else dict(s, tokens=s["tokens"][k:], feats=s["feats"][k:], labels=s["labels"][k:],
+                                         prompt_len=s["prompt_len"] - k))
+    return out
+
+
 def _batches(seqs, max_tokens, rng):
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["tokens"]))
     out, cur, longest = [], [], 0
@@ -413,6 +429,8 @@ def main(argv=None):
                     "--init-from head otherwise")
     ap.add_argument("--val-frac", type=float, default=0.05,
                     help="share of the answers held out to pick the epoch with the best simulated tau (0: last epoch)")
+    ap.add_argument("--prompt-context", type=int, default=None,
+                    help="train on at most this many prompt tokens before each answer (default: all)")
     ap.add_argument("--init-from", help="start from this saved head (fine-tune) instead of the target's readout; "
                     "lm_head rows of tokens both vocabularies share are kept")
     ap.add_argument("--keep-vocab", action="store_true",
@@ -424,6 +442,8 @@ def main(argv=None):
         ap.error("--skip-prompts must be >= 0 and --prompts >= 1")
     if a.ttt_steps < 1 or not 0 <= a.val_frac < 1:
         ap.error("--unroll must be >= 1 and --val-frac in [0, 1)")
+    if a.prompt_context is not None and a.prompt_context < 1:
+        ap.error("--prompt-context must be >= 1")
     target = load_target(a.target)
     data = Path(a.data or Path("data") / target.name)
     if not (data / "meta.json").exists():
@@ -432,7 +452,7 @@ def main(argv=None):
         else:
             prompts = [p["prompt"] for p in training_prompts(a.skip_prompts + a.prompts)[a.skip_prompts:]]
         generate_dataset(target, prompts, data, max_new_tokens=a.max_new_tokens, batch_size=a.gen_batch)
-    seqs = load_dataset(data, target)
+    seqs = crop_prompts(load_dataset(data, target), a.prompt_context)
     print(f"{len(seqs)} sequences, {sum(len(s['tokens']) for s in seqs)} tokens", flush=True)
     train(target, seqs, a.out, draft_vocab=a.draft_vocab, epochs=a.epochs, max_tokens=a.max_tokens, lr=a.lr,
           ttt_steps=a.ttt_steps, init_from=a.init_from, eagle31=a.eagle31, loss=a.loss, val_frac=a.val_frac,

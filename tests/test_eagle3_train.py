@@ -7,7 +7,7 @@ from eagle3 import Eagle3Head, HeadConfig, SpeculativeDecoder, load_target
 from eagle3.data import answer_batch
 from eagle3.decoder import default_head_path
 from eagle3.prompts import heldout_prompts
-from eagle3.train import draft_vocab_from_data, init_head, main, train, ttt_loss
+from eagle3.train import crop_prompts, draft_vocab_from_data, init_head, main, train, ttt_loss
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +128,19 @@ def test_shipped_head_beats_untrained_on_default_target():
     assert [r.token_ids for r in a] == [r.token_ids for r in van]
     assert shipped.last_stats["accept_length"] > 1.8
     assert shipped.last_stats["accept_length"] > untrained.last_stats["accept_length"] + 0.7
+
+
+def test_crop_prompts_keeps_every_answer_label_aligned(tiny_data):
+    _, seqs = tiny_data
+    s = seqs[0]
+    (c,) = crop_prompts([s], 2)
+    k = s["prompt_len"] - 2
+    assert k > 0 and c["prompt_len"] == 2 and len(c["tokens"]) == len(s["tokens"]) - k
+    # every label (the answer's) survives, beside the same token and feature it had
+    assert (c["labels"] >= 0).sum() == (s["labels"] >= 0).sum()
+    assert torch.equal(c["tokens"], s["tokens"][k:]) and torch.equal(c["labels"], s["labels"][k:])
+    assert torch.equal(c["feats"], s["feats"][k:]) and len(c["feats"]) == len(c["tokens"]) - 1
+    assert crop_prompts([s], 10_000)[0] is s and crop_prompts([s], None)[0] is s
 
 
 @pytest.mark.parametrize("bad", [["--skip-prompts", "-1"], ["--prompts", "0"]])
