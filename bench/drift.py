@@ -14,13 +14,17 @@ from pathlib import Path
 
 import torch
 
-from eagle3 import SpeculativeDecoder, hardware, load_target
+from unittest.mock import patch
+
+from eagle3 import SpeculativeDecoder, amx, hardware, load_target, vnni
+from eagle3.layers import weight_format
 from eagle3.prompts import heldout_prompts
 from eagle3.target import pad_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {"fp32 (reference)": dict(dtype="float32", int4=False), "bf16 dense": dict(dtype="bfloat16", int4=False),
            "bf16 + int4 (GGUF Q4_1)": dict(dtype="bfloat16", int4=True),
+           "bf16 + int4 (GGUF Q4_1), torch's kernel": dict(dtype="bfloat16", int4=True, own_kernel=False),
            "fp32 + int8 (fbgemm, per-row activations)": dict(dtype="float32", int4=False, int8=True)}
 
 
@@ -58,7 +62,13 @@ def main():
     for name, kw in CONFIGS.items():
         if name in a.skip:
             continue
-        dec = SpeculativeDecoder(load_target(**kw))
+        kw = dict(kw)
+        own = kw.pop("own_kernel", True)  # False: torch's int4 kernel where the engine has its own (amx, vnni)
+        with patch.object(amx, "available", amx.available if own else lambda: False), \
+                patch.object(vnni, "available", vnni.available if own else lambda: False):
+            target = load_target(**kw)
+        dec = SpeculativeDecoder(target)
+        name = f"{name} [{weight_format(target.model)}]" if "int4" in name else name
         outputs[name] = [r.token_ids for r in dec.generate(prompts, a.max_new_tokens, speculative=False, batch_size=8)]
         top1[name] = top1_along(dec.target, prompts, outputs["fp32 (reference)"])
         print(f"decoded {name}", flush=True)

@@ -16,7 +16,7 @@ from unittest.mock import patch
 
 import torch
 
-from eagle3 import amx, hardware, int8
+from eagle3 import amx, hardware, int8, vnni
 from eagle3.layers import Linear
 from eagle3.quant import quantize_q4
 from eagle3.target import load_tokenizer
@@ -45,10 +45,11 @@ def build(fmt, shapes, layers):
                     return None
                 lin.to(torch.bfloat16).pack()
             elif fmt.startswith("int4"):
-                if fmt == AMX and not amx.available():
+                if fmt == AMX and not amx.available() or fmt == VNNI and not vnni.available():
                     return None
                 lin.to(torch.bfloat16)
-                with patch.object(amx, "available", return_value=fmt == AMX):  # torch's kernel or the AMX one
+                with patch.object(amx, "available", return_value=fmt == AMX), \
+                        patch.object(vnni, "available", return_value=fmt == VNNI):  # torch's kernel or an own one
                     quantize_q4(lin)
             elif fmt.startswith("int8"):
                 if not int8.supported(lin.weight):
@@ -61,7 +62,8 @@ def build(fmt, shapes, layers):
 # The last: fbgemm's GEMM on rows already scaled, without the per-row scaling ops that compiled steps fuse away.
 KERNEL_ONLY = "int8 kernel alone (no per-row scaling ops)"
 AMX = "int4 (the engine's AMX kernel, eagle3/amx.py)"
-FORMATS = ("fp32 (oneDNN)", "bf16 (oneDNN)", "int4 (torch's kernel)", AMX, "int8 (fbgemm, per-row activations)",
+VNNI = "int4 x int8 activations (the engine's VNNI kernel, eagle3/vnni.py)"
+FORMATS = ("fp32 (oneDNN)", "bf16 (oneDNN)", "int4 (torch's kernel)", AMX, VNNI, "int8 (fbgemm, per-row activations)",
            KERNEL_ONLY)
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import amx, attention, int8
+from . import amx, attention, int8, vnni
 
 
 # Rows per dense GEMM call in "row-chunk" mode (None: off). See Linear and row_chunks().
@@ -58,6 +58,7 @@ class Linear(nn.Module):
         self._packed = None
         self._int4 = None  # (packed weight, scales_and_zeros, group size)
         self._amx = None  # (packed weight, fp16 scales) for the AMX kernel (eagle3/amx.py): Q4_1 layers, Q8_0 lm_head
+        self._vnni = None  # (packed weight, fp16 scales) for the VNNI kernel (eagle3/vnni.py): Q4_1 layers
         self._int8 = None  # handle of fbgemm's packed int8 weight (eagle3/int8.py)
         self._int8_digits = 1
         self.chunkable = False  # follows layers.row_chunks (the target's linears)
@@ -73,9 +74,13 @@ class Linear(nn.Module):
         """Weight := (q - 8) * scale + zero per group of `group` inputs; q [out, in] in 0..15, scale/zero [out, in/group].
         Also rewrites the dense weight (and its packed copy) to those values."""
         dev, dt = self.weight.device, self.weight.dtype
+        minimum = zero.float() - 8 * scale.float()  # the Q4_1 block's m (exact for the GGUF's fp16 d and m)
         if self._amx_runs(q.shape, group):
-            minimum = zero.float() - 8 * scale.float()  # the Q4_1 block's m (exact for the GGUF's fp16 d and m)
             self._amx, self._int4 = tuple(t.to(dev) for t in amx.pack_q4(q, scale, minimum)), None
+            self._set_dense(amx.dense(q, scale, minimum, dt))
+            return
+        if int4_supported(self.weight) and vnni.available() and vnni.fits(*q.shape, group):
+            self._vnni, self._int4 = tuple(t.to(dev) for t in vnni.pack(q, scale, minimum)), None
             self._set_dense(amx.dense(q, scale, minimum, dt))
             return
         scale, zero = scale.to(dt).float(), zero.to(dt).float()  # rounded as the kernel stores them
@@ -120,6 +125,9 @@ class Linear(nn.Module):
         if self._amx is not None:  # row-invariant at any row count: no row chunks needed
             y = amx.mm(x, *self._amx)
             return y if self.bias is None else y + self.bias
+        if self._vnni is not None:  # row-invariant too
+            y = vnni.mm(x, *self._vnni)
+            return y if self.bias is None else y + self.bias
         chunk = None
         if not torch.compiler.is_compiling():  # compiled steps (eagle3/compiled.py) run only where chunks are off
             chunk = (_ROW_CHUNK.get() if self.chunkable else None) or self.fixed_chunk
@@ -158,8 +166,8 @@ class Linear(nn.Module):
 
 
 def has_int4(model) -> bool:
-    """Whether any Linear of the model runs an int4 kernel (torch's or the AMX one)."""
-    return any(isinstance(m, Linear) and (m._int4 is not None or m._amx is not None and amx.is_q4(*m._amx))
+    """Whether any Linear of the model runs an int4 kernel (torch's, the AMX or the VNNI one)."""
+    return any(isinstance(m, Linear) and (m._int4 is not None or m._vnni is not None or m._amx is not None and amx.is_q4(*m._amx))
                for m in model.modules())
 
 
@@ -174,9 +182,12 @@ def has_int8(model) -> bool:
 
 
 def weight_format(model) -> str:
-    """'int4 (AMX kernel)', 'int4', 'int8' or the dense weights' dtype: what a profile or a report should name."""
+    """'int4 (AMX kernel)', 'int4 (VNNI kernel)', 'int4', 'int8' or the dense weights' dtype: what a profile or a
+    report should name."""
     if has_amx(model):
         return "int4 (AMX kernel)"
+    if any(isinstance(m, Linear) and m._vnni is not None for m in model.modules()):
+        return "int4 (VNNI kernel)"
     if has_int4(model):
         return "int4"
     return "int8" if has_int8(model) else str(model.embed_tokens.weight.dtype).removeprefix("torch.")

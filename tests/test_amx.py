@@ -4,7 +4,7 @@ CPU with AMX (and a compiler); the fallback test runs everywhere."""
 import pytest
 import torch
 
-from eagle3 import amx, hardware
+from eagle3 import amx, hardware, vnni
 from eagle3.layers import Linear
 from eagle3.quant import quantize_q4
 
@@ -65,6 +65,7 @@ def test_linears_run_the_amx_kernel_exactly_where_it_is_available(monkeypatch):
     """A q4 Linear takes the AMX kernel where it runs (shapes in whole 64-column sets) and torch's int4 kernel
     elsewhere; both compute its dense weight's product."""
     torch.manual_seed(0)
+    monkeypatch.setattr(vnni, "available", lambda: False)  # the other own kernel (tests/test_vnni.py)
     flags_ok = {"amx_bf16", "avx512_bf16"} <= hardware.cpu_flags()
     assert amx.available() <= flags_ok  # never claimed without the CPU flags
     for n, expect_amx in ((192, amx.available()), (96, False)):  # 96 columns: not whole sets of 64

@@ -1,0 +1,159 @@
+// The target's Q4_1 linears on CPUs with AVX512-VNNI but no AMX: activations quantised to 8-bit blocks (one digit,
+// as llama.cpp, or two), integer dot products with the GGUF's 4-bit blocks, one float multiply-add per block
+// (eagle3/vnni.py says why).
+//
+// y[m, n] = sum over blocks b of 32 inputs: d[n,b] * dx[m,b] * isum[m,n,b] + mn[n,b] * sx[m,b], where
+//   w[n, k] = q * d + mn (Q4_1, q in 0..15), x[m, k] ~ X * dx (X integer, see quantise),
+//   isum = sum_k q * X (exact, int32), sx = dx * sum_k X.
+// vpdpbusd multiplies 4 unsigned bytes (the weights) by 4 signed ones (an activation digit) per 32-bit lane and adds
+// them into the lane: lane c of a 16-lane vector is output column c, its 4 bytes 4 consecutive inputs.
+//
+// Each row is quantised on its own and its blocks are summed in one order, so a row's output has the same bits
+// whatever the number of rows in the call: verify forwards match plain steps.
+//
+// Packed layout (eagle3/vnni.py pack): weights [N/16, K/32, 256] bytes, scales [N/16, K/32, 32] fp16 (d of the 16
+// columns, then their mn), so a panel of 16 columns streams one contiguous run. Byte i (0..63) of nibble vector v
+// (0..3) holds quad-vector 2v's byte i in its low nibble and quad-vector 2v + 1's in its high nibble; byte 4c + e of
+// quad-vector t (0..7) is q at input 4t + e of the block, column c.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int COLS = 16, BLOCK = 32, W = BLOCK / 2 * COLS, S = 2 * COLS;
+
+// x [M, K] bf16 -> per block of 32 (rows independent): digits xq1 (and xq2) int8 [M, K], dx and sx [M, K/32] fp32,
+// with x ~ X * dx, X = xq1 (one digit) or 128 * xq1 + xq2 (two: xq2 = round(128 * (x / step - xq1)), |xq2| <= 64),
+// sx = dx * sum X, step = max|x| / 127.
+template <int DIGITS>
+void quantise(const uint16_t* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2, float* dx, float* sx) {
+  for (int64_t i = 0; i < M * K / BLOCK; ++i) {
+    __m512 v[2];
+    float amax = 0;
+    for (int h = 0; h < 2; ++h) {
+      v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(x + i * BLOCK + 16 * h))), 16));
+      amax = std::max(amax, _mm512_reduce_max_ps(_mm512_abs_ps(v[h])));
+    }
+    const float step = amax / 127.0f, inv = amax > 0 ? 1.0f / step : 0.0f;
+    __m512i sum = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      const __m512 scaled = _mm512_mul_ps(v[h], _mm512_set1_ps(inv));
+      const __m512i q1 = _mm512_cvtps_epi32(scaled);  // round to nearest even
+      _mm_storeu_si128((__m128i*)(xq1 + i * BLOCK + 16 * h), _mm512_cvtepi32_epi8(q1));
+      if (DIGITS == 1) {
+        sum = _mm512_add_epi32(sum, q1);
+      } else {  // the rest of the step, exactly (scaled and q1 are within 0.5), in 128ths
+        const __m512i q2 = _mm512_cvtps_epi32(
+            _mm512_mul_ps(_mm512_sub_ps(scaled, _mm512_cvtepi32_ps(q1)), _mm512_set1_ps(128.0f)));
+        _mm_storeu_si128((__m128i*)(xq2 + i * BLOCK + 16 * h), _mm512_cvtepi32_epi8(q2));
+        sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_slli_epi32(q1, 7), q2));
+      }
+    }
+    dx[i] = DIGITS == 1 ? step : step / 128.0f;  // exact: a power of two
+    sx[i] = dx[i] * (float)_mm512_reduce_add_epi32(sum);  // the sum is exact in int32
+  }
+}
+
+// R rows (m0..) x one panel of 16 columns over all K: the panel's blocks are unpacked once per R rows.
+template <int R, int DIGITS>
+void rows_panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, int64_t K, const uint8_t* w, const uint16_t* sc,
+                uint16_t* y, int64_t ldy) {
+  const int64_t G = K / BLOCK;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < G; ++b) {
+    const uint8_t* wb = w + b * W;
+    _mm_prefetch((const char*)wb + 4 * W, _MM_HINT_T0);
+    _mm_prefetch((const char*)wb + 4 * W + 128, _MM_HINT_T0);
+    __m512i q[8];
+    for (int v = 0; v < 4; ++v) {
+      const __m512i packed = _mm512_loadu_si512(wb + 64 * v);
+      q[2 * v] = _mm512_and_si512(packed, nib);
+      q[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sc + b * S)));
+    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sc + b * S + COLS)));
+    for (int r = 0; r < R; ++r) {
+      const int32_t* x1 = (const int32_t*)(xq1 + r * K + b * BLOCK);
+      __m512i isum = _mm512_setzero_si512();
+      for (int t = 0; t < 8; ++t) isum = _mm512_dpbusd_epi32(isum, q[t], _mm512_set1_epi32(x1[t]));
+      if (DIGITS == 2) {  // sum q * X = 128 * sum q * xq1 + sum q * xq2, exact in int32
+        const int32_t* x2 = (const int32_t*)(xq2 + r * K + b * BLOCK);
+        __m512i low = _mm512_setzero_si512();
+        for (int t = 0; t < 8; ++t) low = _mm512_dpbusd_epi32(low, q[t], _mm512_set1_epi32(x2[t]));
+        isum = _mm512_add_epi32(_mm512_slli_epi32(isum, 7), low);
+      }
+      const int64_t i = r * G + b;
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(dx[i])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx[i]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm256_storeu_si256((__m256i*)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+}
+
+constexpr int ROWS = 4;  // rows sharing one unpacking of a panel's blocks (registers: 8 weights + 4 sums + 4 outputs)
+
+template <int DIGITS>
+void panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, int64_t M, int64_t K,
+           const uint8_t* w, const uint16_t* sc, uint16_t* y, int64_t ldy) {
+  const int64_t G = K / BLOCK;
+  auto run = [&](auto rows, int64_t m) {
+    rows_panel<decltype(rows)::value, DIGITS>(xq1 + m * K, xq2 + m * K, dx + m * G, sx + m * G, K, w, sc,
+                                              y + m * ldy, ldy);
+  };
+  int64_t m = 0;
+  for (; m + ROWS <= M; m += ROWS) run(std::integral_constant<int, ROWS>(), m);
+  switch (M - m) {
+    case 3: run(std::integral_constant<int, 3>(), m); break;
+    case 2: run(std::integral_constant<int, 2>(), m); break;
+    case 1: run(std::integral_constant<int, 1>(), m); break;
+    default: break;
+  }
+}
+
+template <int DIGITS>
+void multiply(const uint16_t* x, int64_t M, int64_t K, const uint8_t* w, const uint16_t* sc, int64_t panels,
+              uint16_t* y) {
+  const int64_t G = K / BLOCK, N = panels * COLS;
+  std::vector<int8_t> xq1(M * K), xq2(DIGITS == 2 ? M * K : 0);
+  std::vector<float> dx(M * G), sx(M * G);
+  quantise<DIGITS>(x, M, K, xq1.data(), xq2.data(), dx.data(), sx.data());
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      panel<DIGITS>(xq1.data(), xq2.data(), dx.data(), sx.data(), M, K, w + p * G * W, sc + p * G * S, y + p * COLS, N);
+  });
+}
+
+at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t digits) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2, "eagle3_vnni: x must be a 2-d bf16 tensor");
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 3 && w.size(2) == W && scales.scalar_type() == at::kHalf &&
+              scales.dim() == 3 && scales.size(2) == S,
+              "eagle3_vnni: w must be uint8 [N/16, K/32, 256], scales fp16 [N/16, K/32, 32]");
+  TORCH_CHECK(digits == 1 || digits == 2, "eagle3_vnni: digits must be 1 or 2");
+  const int64_t M = x.size(0), K = x.size(1), panels = w.size(0), G = K / BLOCK;
+  TORCH_CHECK(K % BLOCK == 0 && w.size(1) == G && scales.size(0) == panels && scales.size(1) == G,
+              "eagle3_vnni: shapes do not match");
+  auto y = at::empty({M, panels * COLS}, x.options());
+  if (M == 0) return y;
+  auto xc = x.contiguous();
+  const auto* xp = (const uint16_t*)xc.data_ptr();
+  const auto* wp = w.data_ptr<uint8_t>();
+  const auto* sp = (const uint16_t*)scales.data_ptr();
+  auto* yp = (uint16_t*)y.data_ptr();
+  if (digits == 1) multiply<1>(xp, M, K, wp, sp, panels, yp);
+  else multiply<2>(xp, M, K, wp, sp, panels, yp);
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(eagle3_vnni, m) { m.def("q4_mm(Tensor x, Tensor w, Tensor scales, int digits) -> Tensor"); }
+TORCH_LIBRARY_IMPL(eagle3_vnni, CPU, m) { m.impl("q4_mm", &q4_mm); }

@@ -1,0 +1,84 @@
+"""The target's Q4_1 linears on CPUs with AVX512-VNNI and AVX512-BF16 but no AMX: an own kernel (kernels/vnni_mm.cpp)
+that multiplies the GGUF's 4-bit blocks by 8-bit activation blocks in integers, as llama.cpp does.
+
+Why (layers): torch's int4 kernel dequantises every weight to float, once per 4 rows, so a forward's linears cost 4.0
+ms at 1 row, 11.4 at 8 and 21.6 at 16 on the 2-core AVX512 EPYC (bench/results/linears_vnni.md): a verify forward of
+a few tree nodes per row cost as much as several plain steps, and trees paid neither at batch 1 nor at batch 8. Here a
+weight is only unpacked (two bit operations per 64 of them), once per four rows, and each vpdpbusd sums 64 products;
+the float work is one multiply-add per row, block and 16 columns: 3.5, 7.9 and 13.7 ms.
+
+Numerics: each row's activations are quantised per block of 32 in steps of max|x| / 127, as llama.cpp's Q8 blocks,
+plus (digits=2, the engine's) a second int8 digit for the rest in 128ths of a step: about 14 bits, as close to the
+product of x as the bf16 product's own output rounding (tests/test_vnni.py). One digit, llama.cpp's precision, is
+~1.5x faster at 8-16 rows but drifted from fp32 greedy outputs at token 9 (median; 96.8% same top-1) against token 22
+(98.5%) for torch's bf16 kernel; two digits: token 12, 98.3% (bench/results/drift_vnni.md). Integer sums are exact and
+blocks are added in one order, so a row's bits do not depend on the rows beside it, as verification needs.
+
+Built at first use by torch.utils.cpp_extension (~10 s; cached under TORCH_EXTENSIONS_DIR). Used where the CPU has
+AVX512-VNNI, AVX512-BW and AVX512-BF16, the AMX kernel does not run (eagle3/amx.py) and the kernel builds;
+EAGLE3_VNNI=0 turns it off (torch's int4 kernel then runs)."""
+import os
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "kernels" / "vnni_mm.cpp"
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16", "-mf16c", "-mfma",
+         "-fopenmp"]
+COLUMNS, BLOCK = 16, 32  # output columns per packed panel; inputs per Q4_1 block
+
+
+@lru_cache(maxsize=1)
+def available() -> bool:
+    """Whether q4 linears run this kernel here: the CPU has the extensions, EAGLE3_VNNI is not 0, and it builds."""
+    from .hardware import cpu_flags
+
+    if os.environ.get("EAGLE3_VNNI", "1") == "0" or not {"avx512_vnni", "avx512bw", "avx512_bf16"} <= cpu_flags():
+        return False
+    try:
+        from torch.utils.cpp_extension import load
+
+        load(name="eagle3_vnni", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+             is_python_module=False, verbose=False)
+    except Exception as e:  # no compiler, or one without these intrinsics: torch's int4 kernel instead
+        warnings.warn(f"eagle3.vnni: the kernel did not build ({e}); using torch's int4 kernel")
+        return False
+    torch.library.register_fake("eagle3_vnni::q4_mm")(
+        lambda x, w, scales, digits: x.new_empty(x.shape[0], w.shape[0] * COLUMNS))
+    return True
+
+
+def fits(out_features: int, in_features: int, group: int) -> bool:
+    return group == BLOCK and out_features % COLUMNS == 0 and in_features % BLOCK == 0
+
+
+def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
+    """Q4_1: q [N, K] in 0..15, d and m [N, K/32] (w = q * d + m) -> (nibbles [N/16, K/32, 256] uint8, scales
+    [N/16, K/32, 32] fp16: the 16 columns' d, then their m), the layout kernels/vnni_mm.cpp reads."""
+    n, k = q.shape
+    # [panel, column, block, quad t, byte e] -> [panel, block, t, column, e]: byte 4c + e of quad-vector t
+    quads = q.to(torch.uint8).reshape(n // COLUMNS, COLUMNS, k // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
+    pairs = quads.reshape(n // COLUMNS, k // BLOCK, 4, 2, 64)  # quad-vectors 2v and 2v + 1 share nibble vector v
+    nibbles = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).reshape(n // COLUMNS, k // BLOCK, -1).contiguous()
+    per_panel = [t.reshape(n // COLUMNS, COLUMNS, k // BLOCK).transpose(1, 2) for t in (d, m)]
+    return nibbles, torch.cat(per_panel, -1).to(torch.float16).contiguous()
+
+
+def quantise(x: torch.Tensor, digits: int = 2):
+    """What the kernel does to bf16 rows, in torch (for tests): (X int32 [M, K], dx [M, K/32] fp32), x ~ X * dx."""
+    v = x.float().reshape(x.shape[0], -1, BLOCK)
+    step = v.abs().amax(-1) / 127.0
+    v = v * torch.where(step > 0, 1.0 / step, torch.zeros_like(step))[..., None]
+    q1 = torch.round(v)
+    if digits == 1:
+        return q1.int().reshape(x.shape), step
+    q2 = torch.round((v - q1) * 128.0)
+    return (q1.int() * 128 + q2.int()).reshape(x.shape), step / 128.0
+
+
+def mm(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, digits: int = 2) -> torch.Tensor:
+    """x [..., K] bf16 @ a packed Q4_1 weight^T -> [..., N] bf16."""
+    y = torch.ops.eagle3_vnni.q4_mm(x.reshape(-1, x.shape[-1]), weights, scales, digits)
+    return y.view(*x.shape[:-1], -1)

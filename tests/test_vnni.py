@@ -1,0 +1,91 @@
+"""The VNNI int4 kernel (eagle3/vnni.py): the GGUF block's product with 8-bit activation blocks, each row's bits
+independent of the rows beside it, the same bits compiled, and the engine falling back to torch's kernel where it
+cannot run. The kernel tests need a CPU with AVX512-VNNI and AVX512-BF16 (and a compiler); the fallback test runs
+everywhere."""
+import pytest
+import torch
+
+from eagle3 import amx, hardware, vnni
+from eagle3.layers import Linear, weight_format
+from eagle3.quant import quantize_q4
+
+needs_vnni = pytest.mark.skipif(not vnni.available(), reason="this CPU has no AVX512-VNNI/BF16 (torch's int4 runs)")
+
+
+def q4_weight(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    d = (torch.rand(n, k // 32, generator=g) * 0.01).half().float()
+    m = (torch.rand(n, k // 32, generator=g) * 0.1 - 0.08).half().float()
+    return q, d, m
+
+
+@needs_vnni
+@pytest.mark.parametrize("digits", [1, 2])
+def test_kernel_computes_the_q4_1_product_of_quantised_rows(digits):
+    """y = quantised x @ (q * d + m)^T: within bf16 output rounding of the float64 product of the integer blocks the
+    kernel makes of x. One 8-bit digit (llama.cpp's activations) is close to the product of x itself; two digits are
+    as close as the bf16 product's own rounding."""
+    q, d, m = q4_weight(192, 576)
+    x = torch.randn(21, 576, generator=torch.Generator().manual_seed(1)).bfloat16()
+    y = vnni.mm(x, *vnni.pack(q, d, m), digits=digits)
+    X, dx = vnni.quantise(x, digits)
+    w = q.double() * d.double().repeat_interleave(32, 1) + m.double().repeat_interleave(32, 1)
+    ref = (X.double() * dx.double().repeat_interleave(32, 1)) @ w.t()
+    assert y.dtype == torch.bfloat16 and y.shape == (21, 192)
+    assert torch.allclose(y.double(), ref, rtol=2 ** -8, atol=1e-3)
+    exact = x.double() @ w.t()
+    err = (y.double() - exact).abs().max() / exact.abs().max()
+    assert err < (0.02 if digits == 1 else 2 ** -8)
+
+
+@needs_vnni
+@pytest.mark.parametrize("digits", [1, 2])
+def test_a_row_gets_the_same_bits_at_any_row_count(digits):
+    """Rows 1..40 in one call or split as a verify forward or a batch splits them (across 4-row groups, remainders
+    of 1-3): identical bits."""
+    q, d, m = q4_weight(128, 1536, seed=2)
+    w = vnni.pack(q, d, m)
+    scales = torch.logspace(-2, 2, 40)[:, None]  # rows of very different sizes
+    x = (torch.randn(40, 1536, generator=torch.Generator().manual_seed(3)) * scales).bfloat16()
+    x[7, :64] = 0  # all-zero blocks quantise to zero
+    full = vnni.mm(x, *w, digits=digits)
+    for lo, hi in ((0, 1), (5, 6), (0, 3), (3, 19), (16, 17), (7, 40), (0, 33), (2, 4), (1, 6)):
+        assert torch.equal(vnni.mm(x[lo:hi].clone(), *w, digits=digits), full[lo:hi]), (lo, hi)
+    assert torch.equal(vnni.mm(x.view(4, 10, 1536), *w, digits=digits), full.view(4, 10, 128))  # leading dims: rows
+
+
+@needs_vnni
+def test_compiled_graphs_give_eager_bits(monkeypatch):
+    monkeypatch.setattr(amx, "available", lambda: False)
+    torch.manual_seed(0)
+    lin = Linear(576, 192).to(torch.bfloat16)
+    lin.weight.data.normal_(0, 0.05)
+    quantize_q4(lin)
+    assert lin._vnni is not None and lin._int4 is None
+    f = torch.compile(lambda x: lin(x) * 2, dynamic=True)
+    x = torch.randn(7, 576, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(f(x), lin(x) * 2)
+
+
+def test_linears_run_the_vnni_kernel_exactly_where_it_is_available(monkeypatch):
+    """Without AMX, a q4 Linear takes the VNNI kernel where it runs (the GGUF's blocks of 32 inputs) and torch's int4
+    kernel elsewhere; both compute close to its dense weight's product."""
+    monkeypatch.setattr(amx, "available", lambda: False)
+    torch.manual_seed(0)
+    assert vnni.available() <= ({"avx512_vnni", "avx512bw", "avx512_bf16"} <= hardware.cpu_flags())
+    for group, expect in ((32, vnni.available()), (64, False)):  # groups of 64: not the kernel's blocks
+        lin = Linear(256, 192).to(torch.bfloat16)
+        lin.weight.data.normal_(0, 0.05)
+        quantize_q4(lin, group)
+        assert (lin._vnni is not None) == expect and (lin._int4 is not None) == (not expect)
+        x = torch.randn(5, 256, dtype=torch.bfloat16)
+        with torch.no_grad():
+            ref = torch.nn.functional.linear(x.float(), lin.weight.float())
+            assert torch.allclose(lin(x).float(), ref, atol=0.03, rtol=0.03)
+    monkeypatch.setattr(vnni, "available", lambda: False)  # EAGLE3_VNNI=0 or a CPU without VNNI
+    lin = Linear(256, 192).to(torch.bfloat16)
+    quantize_q4(lin)
+    assert lin._vnni is None and lin._int4 is not None
+    assert weight_format(torch.nn.ModuleDict(dict(a=lin))) == "int4"
