@@ -58,7 +58,7 @@ class Linear(nn.Module):
         self._packed = None
         self._int4 = None  # (packed weight, scales_and_zeros, group size)
         self._amx = None  # (packed weight, fp16 scales) for the AMX kernel (eagle3/amx.py): Q4_1 layers, Q8_0 lm_head
-        self._vnni = None  # (packed weight, fp16 scales) for the VNNI kernel (eagle3/vnni.py): Q4_1 layers
+        self._vnni = None  # (packed weight, fp16 scales) for the VNNI kernel (eagle3/vnni.py): Q4_1 layers, Q8_0 lm_head
         self._int8 = None  # handle of fbgemm's packed int8 weight (eagle3/int8.py)
         self._int8_digits = 1
         self.chunkable = False  # follows layers.row_chunks (the target's linears)
@@ -79,8 +79,8 @@ class Linear(nn.Module):
             self._amx, self._int4 = tuple(t.to(dev) for t in amx.pack_q4(q, scale, minimum)), None
             self._set_dense(amx.dense(q, scale, minimum, dt))
             return
-        if int4_supported(self.weight) and vnni.available() and vnni.fits(*q.shape, group):
-            self._vnni, self._int4 = tuple(t.to(dev) for t in vnni.pack(q, scale, minimum)), None
+        if self._vnni_runs(q.shape, group):
+            self._vnni, self._int4 = tuple(t.to(dev) for t in vnni.pack_q4(q, scale, minimum)), None
             self._set_dense(amx.dense(q, scale, minimum, dt))
             return
         scale, zero = scale.to(dt).float(), zero.to(dt).float()  # rounded as the kernel stores them
@@ -93,14 +93,22 @@ class Linear(nn.Module):
 
     def set_q8(self, q, d) -> bool:
         """Weight := q * d per block of 32 inputs (the GGUF's Q8_0: q [out, in] int8, d [out, in/32]) through the AMX
-        kernel, where it runs; returns whether it does (elsewhere the dense weight stays as it is). The dense weight
-        is rewritten to the same values, and calls need no fixed row chunk: the kernel's rows are invariant."""
-        if not self._amx_runs(q.shape, 32):
+        or VNNI kernel, where one runs; returns whether it does (elsewhere the dense weight stays as it is). The dense
+        weight is rewritten to the same values, and calls need no fixed row chunk: the kernels' rows are invariant."""
+        dev = self.weight.device
+        if self._amx_runs(q.shape, 32):
+            self._amx = tuple(t.to(dev) for t in amx.pack_q8(q, d))
+        elif self._vnni_runs(q.shape, 32):
+            self._vnni = tuple(t.to(dev) for t in vnni.pack_q8(q, d))
+        else:
             return False
-        self._amx = tuple(t.to(self.weight.device) for t in amx.pack_q8(q, d))
         self._set_dense(amx.dense(q, d, dtype=self.weight.dtype))
         self.fixed_chunk = None
         return True
+
+    def _vnni_runs(self, shape, group) -> bool:
+        """Whether the VNNI kernel takes this Linear's blocks: bf16 on a CPU where it runs (and AMX's does not)."""
+        return int4_supported(self.weight) and vnni.available() and vnni.fits(*shape, group)
 
     def _amx_runs(self, shape, group) -> bool:
         """Whether the AMX kernel takes this Linear's blocks: bf16 on a CPU where it runs, whole 64-column sets."""
@@ -167,7 +175,8 @@ class Linear(nn.Module):
 
 def has_int4(model) -> bool:
     """Whether any Linear of the model runs an int4 kernel (torch's, the AMX or the VNNI one)."""
-    return any(isinstance(m, Linear) and (m._int4 is not None or m._vnni is not None or m._amx is not None and amx.is_q4(*m._amx))
+    return any(isinstance(m, Linear) and (m._int4 is not None or m._vnni is not None and vnni.is_q4(m._vnni[0])
+                                          or m._amx is not None and amx.is_q4(*m._amx))
                for m in model.modules())
 
 

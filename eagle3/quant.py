@@ -2,9 +2,9 @@
 
 A Q4_1 block holds 32 weights as 4-bit q with an fp16 scale d and minimum m: w = d*q + m. torch's CPU int4 kernel
 (`_weight_int4pack_mm_for_cpu`, groups of 32) computes w = (q - 8) * scale + zero, so scale = d and zero = m + 8d map
-each block exactly (the kernel keeps scale and zero in the activations' dtype, bf16). On CPUs with AMX the engine's
-own kernel (eagle3/amx.py) takes the Q4_1 blocks instead, and the lm_head's Q8_0 blocks too (load_q8_0_lm_head);
-elsewhere the embedding (Q8_0 in the default GGUF, also the tied lm_head) stays dense."""
+each block exactly (the kernel keeps scale and zero in the activations' dtype, bf16). On CPUs with AMX or AVX512-VNNI
+the engine's own kernel (eagle3/amx.py, eagle3/vnni.py) takes the Q4_1 blocks instead, and the lm_head's Q8_0 blocks
+too (load_q8_0_lm_head); elsewhere the embedding (Q8_0 in the default GGUF, also the tied lm_head) stays dense."""
 import numpy as np
 import torch
 
@@ -37,8 +37,8 @@ def q8_0_blocks(data: np.ndarray):
 
 
 def load_q8_0_lm_head(model, gguf_path) -> bool:
-    """Give the lm_head the GGUF's Q8_0 blocks (its own output tensor, else the tied embedding) where the AMX kernel
-    runs them (Linear.set_q8); returns whether it does."""
+    """Give the lm_head the GGUF's Q8_0 blocks (its own output tensor, else the tied embedding) where the AMX or VNNI
+    kernel runs them (Linear.set_q8); returns whether it does."""
     from gguf import GGMLQuantizationType, GGUFReader
 
     tensors = {t.name: t for t in GGUFReader(str(gguf_path)).tensors}

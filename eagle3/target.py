@@ -412,7 +412,7 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     model = build_model(config, _read_hf_weights(path), device, dtype)
     if name == DEFAULT_TARGET and _want_int4(int4, model):
         load_q4_1(model, default_gguf())  # exactly the GGUF's Q4_1 weights
-        load_q8_0_lm_head(model, default_gguf())  # and its Q8_0 lm_head, where the AMX kernel runs
+        load_q8_0_lm_head(model, default_gguf())  # and its Q8_0 lm_head, where an own kernel runs
     elif int4:
         quantize_layers_q4(model)  # asked for explicitly: re-quantised, so no longer exactly this checkpoint
     # int8 by default where the hardware picked fp32 (no native bf16) and fbgemm runs; an explicit dtype stays exact

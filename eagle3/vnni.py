@@ -45,8 +45,9 @@ def available() -> bool:
     except Exception as e:  # no compiler, or one without these intrinsics: torch's int4 kernel instead
         warnings.warn(f"eagle3.vnni: the kernel did not build ({e}); using torch's int4 kernel")
         return False
-    torch.library.register_fake("eagle3_vnni::q4_mm")(
-        lambda x, w, scales, digits: x.new_empty(x.shape[0], w.shape[0] * COLUMNS))
+    for op in ("q4_mm", "q8_mm"):
+        torch.library.register_fake(f"eagle3_vnni::{op}")(
+            lambda x, w, scales, digits: x.new_empty(x.shape[0], w.shape[0] * COLUMNS))
     return True
 
 
@@ -54,16 +55,37 @@ def fits(out_features: int, in_features: int, group: int) -> bool:
     return group == BLOCK and out_features % COLUMNS == 0 and in_features % BLOCK == 0
 
 
-def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
-    """Q4_1: q [N, K] in 0..15, d and m [N, K/32] (w = q * d + m) -> (nibbles [N/16, K/32, 256] uint8, scales
-    [N/16, K/32, 32] fp16: the 16 columns' d, then their m), the layout kernels/vnni_mm.cpp reads."""
+def _quads(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] bytes -> [N/16, K/32, 8 quad-vectors, 64]: byte 4c + e of quad-vector t is column c at input 4t + e."""
     n, k = q.shape
-    # [panel, column, block, quad t, byte e] -> [panel, block, t, column, e]: byte 4c + e of quad-vector t
-    quads = q.to(torch.uint8).reshape(n // COLUMNS, COLUMNS, k // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
-    pairs = quads.reshape(n // COLUMNS, k // BLOCK, 4, 2, 64)  # quad-vectors 2v and 2v + 1 share nibble vector v
-    nibbles = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).reshape(n // COLUMNS, k // BLOCK, -1).contiguous()
-    per_panel = [t.reshape(n // COLUMNS, COLUMNS, k // BLOCK).transpose(1, 2) for t in (d, m)]
-    return nibbles, torch.cat(per_panel, -1).to(torch.float16).contiguous()
+    return q.reshape(n // COLUMNS, COLUMNS, k // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).reshape(n // COLUMNS, k // BLOCK, 8, 64)
+
+
+def _per_panel(*ts):
+    """Per-block scales [N, K/32] each -> [N/16, K/32, 16 * len(ts)] fp16 (each scale's 16 columns in turn)."""
+    n, g = ts[0].shape
+    return torch.cat([t.reshape(n // COLUMNS, COLUMNS, g).transpose(1, 2) for t in ts], -1).to(torch.float16).contiguous()
+
+
+def pack_q4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
+    """Q4_1: q [N, K] in 0..15, d and m [N, K/32] (w = q * d + m) -> (nibbles [N/16, K/32, 256] uint8: quad-vectors
+    2v and 2v + 1 in the low and high nibbles of vector v; scales [N/16, K/32, 32] fp16: the 16 columns' d, then m),
+    the layout kernels/vnni_mm.cpp reads."""
+    quads = _quads(q.to(torch.uint8))
+    nibbles = quads[:, :, 0::2] | (quads[:, :, 1::2] << 4)
+    return nibbles.reshape(*nibbles.shape[:2], -1).contiguous(), _per_panel(d, m)
+
+
+def pack_q8(q: torch.Tensor, d: torch.Tensor):
+    """Q8_0: q [N, K] int8, d [N, K/32] (w = q * d) -> (bytes [N/16, K/32, 512] uint8, scales [N/16, K/32, 32] fp16).
+    Stored as unsigned q + 128 with m = -128 * d (exact in fp16), so that the kernel's Q4_1 formula computes it."""
+    quads = _quads((q.to(torch.int16) + 128).to(torch.uint8))
+    d = d.to(torch.float16)
+    return quads.reshape(*quads.shape[:2], -1).contiguous(), _per_panel(d, d * -128)
+
+
+def is_q4(weights: torch.Tensor) -> bool:
+    return weights.shape[-1] == BLOCK // 2 * COLUMNS
 
 
 def quantise(x: torch.Tensor, digits: int = 2):
@@ -79,6 +101,7 @@ def quantise(x: torch.Tensor, digits: int = 2):
 
 
 def mm(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, digits: int = 2) -> torch.Tensor:
-    """x [..., K] bf16 @ a packed Q4_1 weight^T -> [..., N] bf16."""
-    y = torch.ops.eagle3_vnni.q4_mm(x.reshape(-1, x.shape[-1]), weights, scales, digits)
+    """x [..., K] bf16 @ a packed weight^T (Q4_1 or Q8_0) -> [..., N] bf16."""
+    op = torch.ops.eagle3_vnni.q4_mm if is_q4(weights) else torch.ops.eagle3_vnni.q8_mm
+    y = op(x.reshape(-1, x.shape[-1]), weights, scales, digits)
     return y.view(*x.shape[:-1], -1)

@@ -28,7 +28,7 @@ def test_kernel_computes_the_q4_1_product_of_quantised_rows(digits):
     as close as the bf16 product's own rounding."""
     q, d, m = q4_weight(192, 576)
     x = torch.randn(21, 576, generator=torch.Generator().manual_seed(1)).bfloat16()
-    y = vnni.mm(x, *vnni.pack(q, d, m), digits=digits)
+    y = vnni.mm(x, *vnni.pack_q4(q, d, m), digits=digits)
     X, dx = vnni.quantise(x, digits)
     w = q.double() * d.double().repeat_interleave(32, 1) + m.double().repeat_interleave(32, 1)
     ref = (X.double() * dx.double().repeat_interleave(32, 1)) @ w.t()
@@ -45,7 +45,7 @@ def test_a_row_gets_the_same_bits_at_any_row_count(digits):
     """Rows 1..40 in one call or split as a verify forward or a batch splits them (across 4-row groups, remainders
     of 1-3): identical bits."""
     q, d, m = q4_weight(128, 1536, seed=2)
-    w = vnni.pack(q, d, m)
+    w = vnni.pack_q4(q, d, m)
     scales = torch.logspace(-2, 2, 40)[:, None]  # rows of very different sizes
     x = (torch.randn(40, 1536, generator=torch.Generator().manual_seed(3)) * scales).bfloat16()
     x[7, :64] = 0  # all-zero blocks quantise to zero
@@ -89,3 +89,19 @@ def test_linears_run_the_vnni_kernel_exactly_where_it_is_available(monkeypatch):
     quantize_q4(lin)
     assert lin._vnni is None and lin._int4 is not None
     assert weight_format(torch.nn.ModuleDict(dict(a=lin))) == "int4"
+
+
+@needs_vnni
+def test_q8_kernel_computes_the_q8_0_product_with_invariant_rows():
+    """The lm_head's Q8_0 blocks (stored as q + 128 with m = -128 d): within bf16 output rounding of the product of
+    the block's exact weights, rows invariant."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randint(-128, 128, (256, 576), generator=g).to(torch.int8)
+    d = (torch.rand(256, 18, generator=g) * 0.002).half().float()
+    w = vnni.pack_q8(q, d)
+    x = torch.randn(37, 576, generator=g).bfloat16()
+    full = vnni.mm(x, *w)
+    ref = x.double() @ (q.double() * d.double().repeat_interleave(32, 1)).t()
+    assert torch.allclose(full.double(), ref, rtol=2 ** -8, atol=1e-3)
+    for lo, hi in ((0, 1), (3, 5), (1, 17), (16, 37)):
+        assert torch.equal(vnni.mm(x[lo:hi].clone(), *w), full[lo:hi]), (lo, hi)

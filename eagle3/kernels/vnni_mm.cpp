@@ -11,10 +11,11 @@
 // Each row is quantised on its own and its blocks are summed in one order, so a row's output has the same bits
 // whatever the number of rows in the call: verify forwards match plain steps.
 //
-// Packed layout (eagle3/vnni.py pack): weights [N/16, K/32, 256] bytes, scales [N/16, K/32, 32] fp16 (d of the 16
+// Packed layout (eagle3/vnni.py pack_q4, pack_q8): Q4_1 weights [N/16, K/32, 256] bytes, scales [N/16, K/32, 32] fp16 (d of the 16
 // columns, then their mn), so a panel of 16 columns streams one contiguous run. Byte i (0..63) of nibble vector v
 // (0..3) holds quad-vector 2v's byte i in its low nibble and quad-vector 2v + 1's in its high nibble; byte 4c + e of
-// quad-vector t (0..7) is q at input 4t + e of the block, column c.
+// quad-vector t (0..7) is q at input 4t + e of the block, column c. Q8_0 weights [N/16, K/32, 512]: the 8
+// quad-vectors in turn.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -25,7 +26,29 @@
 
 namespace {
 
-constexpr int COLS = 16, BLOCK = 32, W = BLOCK / 2 * COLS, S = 2 * COLS;
+constexpr int COLS = 16, BLOCK = 32, S = 2 * COLS;  // S: fp16 scales per block and panel (d, then mn)
+
+// The weight formats: the 8 quad-vectors of one block and panel (lane c: 4 unsigned bytes, column c's q at 4
+// consecutive inputs), from W bytes. Q4_1: nibbles, mn the block's minimum. Q8_0 (signed q * d) is stored as q + 128
+// with mn = -128 * d (eagle3/vnni.py pack_q8), so one formula serves both.
+struct Q4 {
+  static constexpr int W = BLOCK / 2 * COLS;
+  static void load(const uint8_t* wb, __m512i* q) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    for (int v = 0; v < 4; ++v) {
+      const __m512i packed = _mm512_loadu_si512(wb + 64 * v);
+      q[2 * v] = _mm512_and_si512(packed, nib);
+      q[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
+    }
+  }
+};
+
+struct Q8 {
+  static constexpr int W = BLOCK * COLS;
+  static void load(const uint8_t* wb, __m512i* q) {
+    for (int t = 0; t < 8; ++t) q[t] = _mm512_loadu_si512(wb + 64 * t);
+  }
+};
 
 // x [M, K] bf16 -> per block of 32 (rows independent): digits xq1 (and xq2) int8 [M, K], dx and sx [M, K/32] fp32,
 // with x ~ X * dx, X = xq1 (one digit) or 128 * xq1 + xq2 (two: xq2 = round(128 * (x / step - xq1)), |xq2| <= 64),
@@ -61,23 +84,18 @@ void quantise(const uint16_t* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2,
 }
 
 // R rows (m0..) x one panel of 16 columns over all K: the panel's blocks are unpacked once per R rows.
-template <int R, int DIGITS>
+template <class F, int R, int DIGITS>
 void rows_panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, int64_t K, const uint8_t* w, const uint16_t* sc,
                 uint16_t* y, int64_t ldy) {
   const int64_t G = K / BLOCK;
-  const __m512i nib = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < G; ++b) {
-    const uint8_t* wb = w + b * W;
-    _mm_prefetch((const char*)wb + 4 * W, _MM_HINT_T0);
-    _mm_prefetch((const char*)wb + 4 * W + 128, _MM_HINT_T0);
+    const uint8_t* wb = w + b * F::W;
+    _mm_prefetch((const char*)wb + 4 * F::W, _MM_HINT_T0);
+    _mm_prefetch((const char*)wb + 4 * F::W + 128, _MM_HINT_T0);
     __m512i q[8];
-    for (int v = 0; v < 4; ++v) {
-      const __m512i packed = _mm512_loadu_si512(wb + 64 * v);
-      q[2 * v] = _mm512_and_si512(packed, nib);
-      q[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
-    }
+    F::load(wb, q);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sc + b * S)));
     const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sc + b * S + COLS)));
     for (int r = 0; r < R; ++r) {
@@ -101,12 +119,12 @@ void rows_panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const flo
 
 constexpr int ROWS = 4;  // rows sharing one unpacking of a panel's blocks (registers: 8 weights + 4 sums + 4 outputs)
 
-template <int DIGITS>
+template <class F, int DIGITS>
 void panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, int64_t M, int64_t K,
            const uint8_t* w, const uint16_t* sc, uint16_t* y, int64_t ldy) {
   const int64_t G = K / BLOCK;
   auto run = [&](auto rows, int64_t m) {
-    rows_panel<decltype(rows)::value, DIGITS>(xq1 + m * K, xq2 + m * K, dx + m * G, sx + m * G, K, w, sc,
+    rows_panel<F, decltype(rows)::value, DIGITS>(xq1 + m * K, xq2 + m * K, dx + m * G, sx + m * G, K, w, sc,
                                               y + m * ldy, ldy);
   };
   int64_t m = 0;
@@ -119,7 +137,7 @@ void panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* s
   }
 }
 
-template <int DIGITS>
+template <class F, int DIGITS>
 void multiply(const uint16_t* x, int64_t M, int64_t K, const uint8_t* w, const uint16_t* sc, int64_t panels,
               uint16_t* y) {
   const int64_t G = K / BLOCK, N = panels * COLS;
@@ -128,15 +146,18 @@ void multiply(const uint16_t* x, int64_t M, int64_t K, const uint8_t* w, const u
   quantise<DIGITS>(x, M, K, xq1.data(), xq2.data(), dx.data(), sx.data());
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p)
-      panel<DIGITS>(xq1.data(), xq2.data(), dx.data(), sx.data(), M, K, w + p * G * W, sc + p * G * S, y + p * COLS, N);
+      panel<F, DIGITS>(xq1.data(), xq2.data(), dx.data(), sx.data(), M, K, w + p * G * F::W, sc + p * G * S,
+                       y + p * COLS, N);
   });
 }
 
-at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t digits) {
+// y = x @ w^T for a packed weight of format F: w [N/16, K/32, F::W] bytes, scales [N/16, K/32, 32] fp16.
+template <class F>
+at::Tensor mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t digits) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2, "eagle3_vnni: x must be a 2-d bf16 tensor");
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 3 && w.size(2) == W && scales.scalar_type() == at::kHalf &&
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 3 && w.size(2) == F::W && scales.scalar_type() == at::kHalf &&
               scales.dim() == 3 && scales.size(2) == S,
-              "eagle3_vnni: w must be uint8 [N/16, K/32, 256], scales fp16 [N/16, K/32, 32]");
+              "eagle3_vnni: w must be uint8 [N/16, K/32, W], scales fp16 [N/16, K/32, 32]");
   TORCH_CHECK(digits == 1 || digits == 2, "eagle3_vnni: digits must be 1 or 2");
   const int64_t M = x.size(0), K = x.size(1), panels = w.size(0), G = K / BLOCK;
   TORCH_CHECK(K % BLOCK == 0 && w.size(1) == G && scales.size(0) == panels && scales.size(1) == G,
@@ -148,12 +169,18 @@ at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sca
   const auto* wp = w.data_ptr<uint8_t>();
   const auto* sp = (const uint16_t*)scales.data_ptr();
   auto* yp = (uint16_t*)y.data_ptr();
-  if (digits == 1) multiply<1>(xp, M, K, wp, sp, panels, yp);
-  else multiply<2>(xp, M, K, wp, sp, panels, yp);
+  if (digits == 1) multiply<F, 1>(xp, M, K, wp, sp, panels, yp);
+  else multiply<F, 2>(xp, M, K, wp, sp, panels, yp);
   return y;
 }
 
 }  // namespace
 
-TORCH_LIBRARY(eagle3_vnni, m) { m.def("q4_mm(Tensor x, Tensor w, Tensor scales, int digits) -> Tensor"); }
-TORCH_LIBRARY_IMPL(eagle3_vnni, CPU, m) { m.impl("q4_mm", &q4_mm); }
+TORCH_LIBRARY(eagle3_vnni, m) {
+  m.def("q4_mm(Tensor x, Tensor w, Tensor scales, int digits) -> Tensor");
+  m.def("q8_mm(Tensor x, Tensor w, Tensor scales, int digits) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(eagle3_vnni, CPU, m) {
+  m.impl("q4_mm", &mm<Q4>);
+  m.impl("q8_mm", &mm<Q8>);
+}
