@@ -14,7 +14,8 @@ from .adopt import as_target
 from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
 from .drafters import DRAFTERS
-from .layers import has_int8, int8_linears, row_chunks
+from .layers import Linear, has_int8, int8_linears, own_kernel, row_chunks
+from .quant import quantize_q8
 from .budget import PLAIN, DraftBudget, unpadded
 from .profile import load_or_measure
 from .target import Target
@@ -72,8 +73,17 @@ def resolve_head(target: Target, draft) -> Eagle3Head:
              f"head (vocab {c.vocab_size}, target hidden {c.target_hidden_size}) does not fit the target "
              f"(vocab {tc.vocab_size}, hidden {tc.hidden_size})")
     w = target.model.embed_tokens.weight
-    draft = draft.to(device=w.device, dtype=w.dtype).eval().pack()
-    return int8_linears(draft) if has_int8(target.model) else draft  # the head follows the target's format
+    if has_int8(target.model):  # the head follows the target's format
+        return int8_linears(draft.to(device=w.device, dtype=w.dtype).eval().pack())
+    if own_kernel(target.model):  # q8 linears where one of the engine's kernels runs (eagle3/vnni.py), on a copy:
+        fresh = Eagle3Head(draft.config)  # the caller's head keeps its weights (a packed one cannot be deep-copied)
+        fresh.load_state_dict(draft.state_dict())
+        draft = fresh.to(device=w.device, dtype=w.dtype).eval()
+        for m in draft.modules():
+            if isinstance(m, Linear) and m.weight.shape[1] % 32 == 0:
+                quantize_q8(m)
+    return draft.to(device=w.device, dtype=w.dtype).eval().pack()
+    return draft
 
 
 class SpeculativeDecoder:

@@ -185,6 +185,11 @@ def has_amx(model) -> bool:
     return any(isinstance(m, Linear) and m._amx is not None for m in model.modules())
 
 
+def own_kernel(model) -> bool:
+    """Whether any Linear of the model runs one of the engine's own kernels (eagle3/amx.py, eagle3/vnni.py)."""
+    return any(isinstance(m, Linear) and (m._amx is not None or m._vnni is not None) for m in model.modules())
+
+
 def has_int8(model) -> bool:
     """Whether any Linear of the model runs fbgemm's int8 kernel."""
     return any(isinstance(m, Linear) and m._int8 is not None for m in model.modules())

@@ -91,6 +91,17 @@ def quantize_q4(linear, group=32):
     linear.set_int4(q.to(torch.int32), d, lo + 8 * d, group)
 
 
+def quantize_q8(linear) -> bool:
+    """Re-quantise a dense Linear to Q8_0 blocks (per 32 inputs: d = max|w| / 127, q = round(w / d)) where an own
+    kernel runs them (Linear.set_q8); returns whether it does. For a draft head beside such a target: half the bytes
+    of its bf16 weights per draft step; drafting only proposes, so the output stays the target's."""
+    w = linear.weight.detach().float()
+    g = w.view(w.shape[0], -1, 32)
+    d = (g.abs().amax(-1) / 127).half().float()  # as the GGUF stores it
+    q = torch.where(d[..., None] > 0, g / d[..., None], torch.zeros_like(g)).round().clamp(-127, 127)
+    return linear.set_q8(q.to(torch.int8).view(w.shape), d)
+
+
 def quantize_layers_q4(model) -> int:
     """quantize_q4 every Linear of the model's layers (not the embedding / lm_head); returns how many."""
     done = 0

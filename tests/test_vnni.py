@@ -105,3 +105,24 @@ def test_q8_kernel_computes_the_q8_0_product_with_invariant_rows():
     assert torch.allclose(full.double(), ref, rtol=2 ** -8, atol=1e-3)
     for lo, hi in ((0, 1), (3, 5), (1, 17), (16, 37)):
         assert torch.equal(vnni.mm(x[lo:hi].clone(), *w), full[lo:hi]), (lo, hi)
+
+
+def test_the_draft_head_follows_the_targets_own_kernel(monkeypatch):
+    """Beside a target whose linears run an own kernel, the decoder's head gets Q8_0 linears (half its bf16 bytes per
+    draft step) on a copy: the caller's head keeps its weights, and decoding stays lossless."""
+    from eagle3 import Eagle3Head, HeadConfig
+    from eagle3.decoder import resolve_head
+    from eagle3_helpers import decoder_for, random_prompts, small_vocab_target
+
+    target = small_vocab_target(dtype=torch.bfloat16)
+    own = target.model.layers[0].mlp.down_proj._vnni is not None or target.model.layers[0].mlp.down_proj._amx is not None
+    head = Eagle3Head.random(HeadConfig.for_target(target.config), seed=1)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    used = resolve_head(target, head)
+    assert any(m._vnni is not None or m._amx is not None for m in used.modules() if isinstance(m, Linear)) == own
+    assert all(torch.equal(v, before[k]) for k, v in head.state_dict().items())
+    dec = decoder_for(target, parallel_degree=2, depth=3, total_tokens=6)
+    prompts = random_prompts(12, target.config.vocab_size, seed=5)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=16, speculative=False, batch_size=1)
+    assert [r.token_ids for r in dec.generate_ids(prompts, max_new_tokens=16, batch_size=3)] == \
+        [r.token_ids for r in vanilla]
