@@ -11,9 +11,6 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-
-import torch
-
 from unittest.mock import patch
 
 from eagle3 import SpeculativeDecoder, amx, hardware, load_target, vnni

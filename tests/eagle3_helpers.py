@@ -78,3 +78,53 @@ class ScriptedBudget(DraftBudget):
         n = self.rng.randint(1, tree.size)
         keep = torch.arange(n).expand(len(tree.tokens), n)  # node order keeps parents first: a closed subset
         return prune(tree, keep)
+
+
+def q4_weight(n, k, seed=0):
+    """A random Q4_1 weight: q [n, k] in 0..15, fp16-exact d and m [n, k/32] (w = q * d + m), for the int4 kernels."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    d = (torch.rand(n, k // 32, generator=g) * 0.01).half().float()
+    m = (torch.rand(n, k // 32, generator=g) * 0.1 - 0.08).half().float()
+    return q, d, m
+
+
+def q4_linear(k=576, n=192, group=32):
+    """A bf16 Linear with random weights re-quantised to Q4_1 (whichever int4 kernel this CPU runs takes it)."""
+    from eagle3.layers import Linear
+    from eagle3.quant import quantize_q4
+
+    torch.manual_seed(0)
+    lin = Linear(k, n).to(torch.bfloat16)
+    lin.weight.data.normal_(0, 0.05)
+    quantize_q4(lin, group)
+    return lin
+
+
+def compiled_gives_eager_bits(lin) -> bool:
+    """Whether a compiled graph around the Linear returns the eager call's bits (its kernel's fake and real op agree)."""
+    f = torch.compile(lambda x: lin(x) * 2, dynamic=True)
+    x = torch.randn(7, lin.weight.shape[1], dtype=torch.bfloat16)
+    with torch.no_grad():
+        return torch.equal(f(x), lin(x) * 2)
+
+
+def close_to_dense(lin, rtol=0.03) -> bool:
+    """Whether the Linear's kernel computes (about) the product of its dense weight, on 5 random rows."""
+    x = torch.randn(5, lin.weight.shape[1], dtype=torch.bfloat16)
+    with torch.no_grad():
+        return torch.allclose(lin(x).float(), torch.nn.functional.linear(x.float(), lin.weight.float()), atol=0.03,
+                              rtol=rtol)
+
+
+def q8_weight(n, k, seed=4):
+    """A random Q8_0 weight: q [n, k] int8 and fp16-exact d [n, k/32] (w = q * d)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-128, 128, (n, k), generator=g).to(torch.int8)
+    return q, (torch.rand(n, k // 32, generator=g) * 0.002).half().float()
+
+
+def same_bits_in_any_split(mm, x, spans):
+    """Whether mm(x[lo:hi]) has the bits of mm(x)[lo:hi] for every (lo, hi) in spans: row-invariance."""
+    full = mm(x)
+    return all(torch.equal(mm(x[lo:hi].clone()), full[lo:hi]) for lo, hi in spans)

@@ -5,18 +5,10 @@ import pytest
 import torch
 
 from eagle3 import amx, hardware, vnni
-from eagle3.layers import Linear
-from eagle3.quant import quantize_q4
+from eagle3_helpers import (close_to_dense, compiled_gives_eager_bits, q4_linear, q4_weight, q8_weight,
+                            same_bits_in_any_split)
 
 needs_amx = pytest.mark.skipif(not amx.available(), reason="this CPU has no usable AMX-BF16 (aten's int4 kernel runs)")
-
-
-def q4_weight(n, k, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
-    d = (torch.rand(n, k // 32, generator=g) * 0.01).half().float()
-    m = (torch.rand(n, k // 32, generator=g) * 0.1 - 0.08).half().float()
-    return q, d, m
 
 
 @needs_amx
@@ -50,15 +42,9 @@ def test_a_row_gets_the_same_bits_at_any_row_count():
 
 @needs_amx
 def test_compiled_graphs_give_eager_bits():
-    torch.manual_seed(0)
-    lin = Linear(576, 192).to(torch.bfloat16)
-    lin.weight.data.normal_(0, 0.05)
-    quantize_q4(lin)
+    lin = q4_linear()
     assert lin._amx is not None and lin._int4 is None
-    f = torch.compile(lambda x: lin(x) * 2, dynamic=True)
-    x = torch.randn(7, 576, dtype=torch.bfloat16)
-    with torch.no_grad():
-        assert torch.equal(f(x), lin(x) * 2)
+    assert compiled_gives_eager_bits(lin)
 
 
 def test_linears_run_the_amx_kernel_exactly_where_it_is_available(monkeypatch):
@@ -69,32 +55,22 @@ def test_linears_run_the_amx_kernel_exactly_where_it_is_available(monkeypatch):
     flags_ok = {"amx_bf16", "avx512_bf16"} <= hardware.cpu_flags()
     assert amx.available() <= flags_ok  # never claimed without the CPU flags
     for n, expect_amx in ((192, amx.available()), (96, False)):  # 96 columns: not whole sets of 64
-        lin = Linear(256, n).to(torch.bfloat16)
-        lin.weight.data.normal_(0, 0.05)
-        quantize_q4(lin)
+        lin = q4_linear(256, n)
         assert (lin._amx is not None) == expect_amx and (lin._int4 is not None) == (not expect_amx)
-        x = torch.randn(5, 256, dtype=torch.bfloat16)
-        with torch.no_grad():
-            ref = torch.nn.functional.linear(x.float(), lin.weight.float())
-            assert torch.allclose(lin(x).float(), ref, atol=0.03, rtol=0.02)
+        assert close_to_dense(lin, rtol=0.02)
     monkeypatch.setattr(amx, "available", lambda: False)  # EAGLE3_AMX=0 or a CPU without AMX
-    lin = Linear(256, 192).to(torch.bfloat16)
-    quantize_q4(lin)
+    lin = q4_linear(256, 192)
     assert lin._amx is None and lin._int4 is not None
 
 
 @needs_amx
 def test_q8_kernel_computes_the_q8_0_product_with_invariant_rows():
-    g = torch.Generator().manual_seed(4)
-    q = torch.randint(-128, 128, (256, 576), generator=g).to(torch.int8)
-    d = (torch.rand(256, 18, generator=g) * 0.002).half().float()
+    q, d = q8_weight(256, 576)
     w = amx.pack_q8(q, d)
-    x = torch.randn(37, 576, generator=g).bfloat16()
-    full = amx.mm(x, *w)
+    x = torch.randn(37, 576, generator=torch.Generator().manual_seed(5)).bfloat16()
     ref = x.double() @ amx.dense(q, d).double().t()
-    assert torch.allclose(full.double(), ref, rtol=2 ** -8, atol=1e-3)
-    for lo, hi in ((0, 1), (3, 5), (1, 17), (16, 37)):
-        assert torch.equal(amx.mm(x[lo:hi].clone(), *w), full[lo:hi]), (lo, hi)
+    assert torch.allclose(amx.mm(x, *w).double(), ref, rtol=2 ** -8, atol=1e-3)
+    assert same_bits_in_any_split(lambda x: amx.mm(x, *w), x, ((0, 1), (3, 5), (1, 17), (16, 37)))
 
 
 def test_q8_0_blocks_match_gguf_dequantisation():

@@ -7,17 +7,10 @@ import torch
 
 from eagle3 import amx, hardware, vnni
 from eagle3.layers import Linear, weight_format
-from eagle3.quant import quantize_q4
+from eagle3_helpers import (close_to_dense, compiled_gives_eager_bits, decoder_for, q4_linear, q4_weight, q8_weight,
+                            random_prompts, same_bits_in_any_split, small_vocab_target)
 
 needs_vnni = pytest.mark.skipif(not vnni.available(), reason="this CPU has no AVX512-VNNI/BF16 (torch's int4 runs)")
-
-
-def q4_weight(n, k, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
-    d = (torch.rand(n, k // 32, generator=g) * 0.01).half().float()
-    m = (torch.rand(n, k // 32, generator=g) * 0.1 - 0.08).half().float()
-    return q, d, m
 
 
 @needs_vnni
@@ -58,35 +51,22 @@ def test_a_row_gets_the_same_bits_at_any_row_count(digits):
 @needs_vnni
 def test_compiled_graphs_give_eager_bits(monkeypatch):
     monkeypatch.setattr(amx, "available", lambda: False)
-    torch.manual_seed(0)
-    lin = Linear(576, 192).to(torch.bfloat16)
-    lin.weight.data.normal_(0, 0.05)
-    quantize_q4(lin)
+    lin = q4_linear()
     assert lin._vnni is not None and lin._int4 is None
-    f = torch.compile(lambda x: lin(x) * 2, dynamic=True)
-    x = torch.randn(7, 576, dtype=torch.bfloat16)
-    with torch.no_grad():
-        assert torch.equal(f(x), lin(x) * 2)
+    assert compiled_gives_eager_bits(lin)
 
 
 def test_linears_run_the_vnni_kernel_exactly_where_it_is_available(monkeypatch):
     """Without AMX, a q4 Linear takes the VNNI kernel where it runs (the GGUF's blocks of 32 inputs) and torch's int4
     kernel elsewhere; both compute close to its dense weight's product."""
     monkeypatch.setattr(amx, "available", lambda: False)
-    torch.manual_seed(0)
     assert vnni.available() <= ({"avx512_vnni", "avx512bw", "avx512_bf16"} <= hardware.cpu_flags())
     for group, expect in ((32, vnni.available()), (64, False)):  # groups of 64: not the kernel's blocks
-        lin = Linear(256, 192).to(torch.bfloat16)
-        lin.weight.data.normal_(0, 0.05)
-        quantize_q4(lin, group)
+        lin = q4_linear(256, 192, group)
         assert (lin._vnni is not None) == expect and (lin._int4 is not None) == (not expect)
-        x = torch.randn(5, 256, dtype=torch.bfloat16)
-        with torch.no_grad():
-            ref = torch.nn.functional.linear(x.float(), lin.weight.float())
-            assert torch.allclose(lin(x).float(), ref, atol=0.03, rtol=0.03)
+        assert close_to_dense(lin)
     monkeypatch.setattr(vnni, "available", lambda: False)  # EAGLE3_VNNI=0 or a CPU without VNNI
-    lin = Linear(256, 192).to(torch.bfloat16)
-    quantize_q4(lin)
+    lin = q4_linear(256, 192)
     assert lin._vnni is None and lin._int4 is not None
     assert weight_format(torch.nn.ModuleDict(dict(a=lin))) == "int4"
 
@@ -95,16 +75,12 @@ def test_linears_run_the_vnni_kernel_exactly_where_it_is_available(monkeypatch):
 def test_q8_kernel_computes_the_q8_0_product_with_invariant_rows():
     """The lm_head's Q8_0 blocks (stored as q + 128 with m = -128 d): within bf16 output rounding of the product of
     the block's exact weights, rows invariant."""
-    g = torch.Generator().manual_seed(4)
-    q = torch.randint(-128, 128, (256, 576), generator=g).to(torch.int8)
-    d = (torch.rand(256, 18, generator=g) * 0.002).half().float()
+    q, d = q8_weight(256, 576)
     w = vnni.pack_q8(q, d)
-    x = torch.randn(37, 576, generator=g).bfloat16()
-    full = vnni.mm(x, *w)
+    x = torch.randn(37, 576, generator=torch.Generator().manual_seed(5)).bfloat16()
     ref = x.double() @ (q.double() * d.double().repeat_interleave(32, 1)).t()
-    assert torch.allclose(full.double(), ref, rtol=2 ** -8, atol=1e-3)
-    for lo, hi in ((0, 1), (3, 5), (1, 17), (16, 37)):
-        assert torch.equal(vnni.mm(x[lo:hi].clone(), *w), full[lo:hi]), (lo, hi)
+    assert torch.allclose(vnni.mm(x, *w).double(), ref, rtol=2 ** -8, atol=1e-3)
+    assert same_bits_in_any_split(lambda x: vnni.mm(x, *w), x, ((0, 1), (3, 5), (1, 17), (16, 37)))
 
 
 def test_the_draft_head_follows_the_targets_own_kernel(monkeypatch):
@@ -112,7 +88,6 @@ def test_the_draft_head_follows_the_targets_own_kernel(monkeypatch):
     draft step) on a copy: the caller's head keeps its weights, and decoding stays lossless."""
     from eagle3 import Eagle3Head, HeadConfig
     from eagle3.decoder import resolve_head
-    from eagle3_helpers import decoder_for, random_prompts, small_vocab_target
 
     target = small_vocab_target(dtype=torch.bfloat16)
     own = target.model.layers[0].mlp.down_proj._vnni is not None or target.model.layers[0].mlp.down_proj._amx is not None
