@@ -30,6 +30,15 @@ FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx5
 COLUMNS, BLOCK = 16, 32  # output columns per packed panel; inputs per Q4_1 block
 
 
+def digits() -> int:
+    """int8 digits per activation the engine's calls use: 2 (default, ~14 bits) or 1 (llama.cpp's 8 bits, faster from
+    a few rows on); EAGLE3_VNNI_DIGITS. Speculative and plain decoding use the same, so either stays lossless."""
+    value = os.environ.get("EAGLE3_VNNI_DIGITS", "2")
+    if value not in ("1", "2"):
+        raise ValueError(f"EAGLE3_VNNI_DIGITS must be 1 or 2, not {value!r}")
+    return int(value)
+
+
 @lru_cache(maxsize=1)
 def available() -> bool:
     """Whether q4 linears run this kernel here: the CPU has the extensions, EAGLE3_VNNI is not 0, and it builds."""
@@ -101,7 +110,7 @@ def quantise(x: torch.Tensor, digits: int = 2):
 
 
 def mm(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, digits: int = 2) -> torch.Tensor:
-    """x [..., K] bf16 @ a packed weight^T (Q4_1 or Q8_0) -> [..., N] bf16."""
+    """x [..., K] bf16 @ a packed weight^T (Q4_1 or Q8_0) -> [..., N] bf16, activations in `digits` int8 digits."""
     op = torch.ops.eagle3_vnni.q4_mm if is_q4(weights) else torch.ops.eagle3_vnni.q8_mm
     y = op(x.reshape(-1, x.shape[-1]), weights, scales, digits)
     return y.view(*x.shape[:-1], -1)

@@ -32,22 +32,26 @@ def test_greedy_matches_vanilla_on_random_prompts(target, tree):
         assert dec.last_stats["target_forwards"] < sum(r.stats["target_forwards"] for r in vanilla) or tree["depth"] == 1
 
 
-@pytest.mark.parametrize("kernel", ["own", "torch"])
+@pytest.mark.parametrize("kernel", ["own", "own, 1 digit", "torch"])
 @pytest.mark.parametrize("batch", [1, 5])
 def test_greedy_matches_vanilla_in_bf16_with_int4(batch, kernel, monkeypatch):
     """The reduced-precision CPU path is lossless too: int4 layers give each row the same bits at any row count and
     attention is row-invariant (the fp32 kernel, or float64), so a token verified among tree nodes is the token a plain
     step would pick. kernel: the engine's own for this CPU where it has one (AMX, VNNI: eagle3/amx.py, eagle3/vnni.py),
-    or torch's int4 kernel (what the others run)."""
+    or torch's int4 kernel (what the others run); the VNNI kernel with two int8 digits per activation (its default) or
+    one (EAGLE3_VNNI_DIGITS=1, llama.cpp's precision)."""
     from eagle3 import amx, vnni
 
     if kernel == "torch":
         monkeypatch.setattr(amx, "available", lambda: False)
         monkeypatch.setattr(vnni, "available", lambda: False)
+    if kernel == "own, 1 digit":
+        monkeypatch.setenv("EAGLE3_VNNI_DIGITS", "1")
     target = small_vocab_target(dtype=torch.bfloat16)
     down = target.model.layers[0].mlp.down_proj
     used = "amx" if down._amx is not None else "vnni" if down._vnni is not None else "torch"
     assert used == ("amx" if amx.available() else "vnni" if vnni.available() else "torch")
+    assert used != "vnni" or down._vnni[2] == (1 if kernel == "own, 1 digit" else 2)
     dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
     prompts = random_prompts(40, target.config.vocab_size, seed=3)
     vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)

@@ -101,3 +101,13 @@ def test_the_draft_head_follows_the_targets_own_kernel(monkeypatch):
     vanilla = dec.generate_ids(prompts, max_new_tokens=16, speculative=False, batch_size=1)
     assert [r.token_ids for r in dec.generate_ids(prompts, max_new_tokens=16, batch_size=3)] == \
         [r.token_ids for r in vanilla]
+
+
+def test_digits_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EAGLE3_VNNI_DIGITS", "1")
+    assert vnni.digits() == 1
+    monkeypatch.delenv("EAGLE3_VNNI_DIGITS")
+    assert vnni.digits() == 2
+    monkeypatch.setenv("EAGLE3_VNNI_DIGITS", "3")
+    with pytest.raises(ValueError, match="EAGLE3_VNNI_DIGITS"):
+        vnni.digits()
