@@ -23,8 +23,11 @@ While plain steps win, the gain curves are not refreshed, so a tree of the best 
 
 Last, measurements overrule the estimates, which are wrong often enough to lose (costs the profile misses, gain
 curves that lag: on the AMX Xeon at batch 1 the plan took plain steps and depth-5 probes whose drafting cost 15 ms,
-while depth-2 trees measured 1.2x vanilla). Per row count, every arm — plain steps and each depth — keeps the measured
-tokens per second of its whole rounds (drafting, verify, accept, commit: every second a round costs). Once the
+while depth-2 trees measured 1.2x vanilla). Per bucket of row counts (1, 2, 3-4, 5-8, ...), every arm — plain steps
+and each depth — keeps the measured speed of its whole rounds (drafting, verify, accept, commit: every second a round
+costs), as tokens per second relative to the profile's plain step at the round's row count, so that the counts of a
+bucket compare: a batch whose rows finish one by one measures its arms once, not again at 7, 6 and 5 rows (on the
+AVX512 EPYC, where trees lose at batch 8, those tails' probes cost the demo job ~15%). Once the
 model's choice and plain steps are measured, plan takes the best measured arm, after trying each neighbour of it
 (one level shallower or deeper, plain below depth 1) for `samples` rounds, and re-measures the stalest neighbour
 after `refresh` rounds, then after twice as many while the best arm stays the best (up to `max_explore`): the model
@@ -121,10 +124,10 @@ class DraftBudget:
         # sets it per call (identity where a call runs eager steps).
         self.padded = unpadded
         self._memo = {}
-        # Measured arms: rows -> {PLAIN or depth: [tokens/s of whole rounds, rounds, round last measured, running
-        # tokens and seconds of a round]}.
+        # Measured arms: row-count bucket -> {PLAIN or depth: [speed of whole rounds relative to the profile's plain
+        # step, rounds, round last measured, running profiled plain seconds of the tokens and seconds of a round]}.
         self.measured, self.samples, self.refresh, self.clock = {}, samples, refresh, {}
-        self.refreshed = {}  # rows -> (round of the last re-measurement, rounds until the next, the best arm then)
+        self.refreshed = {}  # bucket -> (round of the last re-measurement, rounds until the next, the best arm then)
         self.choice = {}     # (rows, greedy) -> the model's last choice (PLAIN or a depth)
 
     # ------------------------------------------------------------ costs
@@ -162,7 +165,8 @@ class DraftBudget:
         """The depth to draft this round, as the drafter's shape (parallel_degree, depth, total_tokens), or PLAIN."""
         if greedy not in self.gain:
             return self._use(rows, self.depth)  # nothing measured yet: draft the whole tree once
-        self.clock[rows] = self.clock.get(rows, 0) + 1
+        b = bucket(rows)
+        self.clock[b] = self.clock.get(b, 0) + 1
         if (rows, greedy) in self.choice:  # measurements first: the model's sums cost ~0.5 ms, 4% of a step
             arm = self._measured_arm(rows, self.choice[(rows, greedy)])
             if arm != MODEL:
@@ -171,8 +175,7 @@ class DraftBudget:
         gain = np.maximum.accumulate(self.gain[greedy], 0)  # a deeper draft holds the shallower one's nodes
         rate, d = max((self.best_nodes(rows, gain[d], self.drafting(rows, d))[0], d) for d in range(1, self.depth + 1))
         self.predicted = rate
-        rate *= self.realism.get(bucket(rows), 1.0)
-        b = bucket(rows)
+        rate *= self.realism.get(b, 1.0)
         self.choice[(rows, greedy)] = d if rate > plain else PLAIN
         arm = self._measured_arm(rows, self.choice[(rows, greedy)])
         if arm != MODEL:
@@ -190,9 +193,10 @@ class DraftBudget:
         return self._use(rows, PLAIN)
 
     def _measured_arm(self, rows, choice):
-        """The arm (PLAIN or a depth) measurements pick at this row count, or MODEL while the model's `choice` is
-        unmeasured."""
-        m, now = self.measured.get(rows, {}), self.clock[rows]
+        """The arm (PLAIN or a depth) measurements pick at this row count's bucket, or MODEL while the model's `choice`
+        is unmeasured."""
+        b = bucket(rows)
+        m, now = self.measured.get(b, {}), self.clock[b]
         if m.get(choice, [0, 0])[1] < self.samples:
             return MODEL
         if m.get(PLAIN, [0, 0])[1] < self.samples:  # plain steps are the yardstick: measure them too
@@ -206,13 +210,13 @@ class DraftBudget:
                 return a
         # Re-measure the stalest neighbour now and then (the landscape moves with the context and the prompts), less
         # often each time while the best arm stays the best.
-        last, wait, kept = self.refreshed.get(rows, (0, self.refresh, best))
+        last, wait, kept = self.refreshed.get(b, (0, self.refresh, best))
         if kept != best:
             wait = self.refresh
         if now - last >= wait:
-            self.refreshed[rows] = (now, min(2 * wait, self.max_explore), best)
+            self.refreshed[b] = (now, min(2 * wait, self.max_explore), best)
             return min((a for a in near if a != best), key=lambda a: m[a][2])
-        self.refreshed[rows] = (last, wait, best)
+        self.refreshed[b] = (last, wait, best)
         return best
 
     def _use(self, rows, d):
@@ -279,16 +283,21 @@ class DraftBudget:
         self.draft_s[key] = old + self.draft_alpha * (draft_s - old)
 
     def _measure(self, rows, shape, tokens, round_s, alpha=0.1):
-        """The arm's tokens/s of whole rounds: running tokens over running seconds (a round's own rate swings 3x
-        with its accepted length; their ratio does not). A drafted round counts for its depth even where trim left a
-        plain step: it paid for the drafting."""
+        """The arm's speed in whole rounds, relative to the profile's plain step at this row count (1.0 = as fast as
+        the profile says a plain step is; measured seconds run above it by the machine's load): running tokens over
+        running seconds (a round's own rate swings 3x with its accepted length; their ratio does not). Kept per
+        bucket of row counts, so a batch whose rows finish one by one (8, 7, 6, 5 rows) measures once rather than
+        at every count. A drafted round counts for its depth even where trim left a plain step: it paid for the
+        drafting."""
         if not round_s:
             return
         arm = PLAIN if shape is PLAIN else shape[1]
-        m = self.measured.setdefault(rows, {})
-        rate, n, _, tok, sec = m.get(arm, [0.0, 0, 0, tokens, round_s])
-        tok, sec = tok + alpha * (tokens - tok), sec + alpha * (round_s - sec)
-        m[arm] = [tok / sec, n + 1, self.clock.get(rows, 0), tok, sec]
+        b = bucket(rows)
+        m = self.measured.setdefault(b, {})
+        plain_s = self._profiled(rows, 1) / rows  # profiled seconds per token of a plain step at this row count
+        rate, n, _, tok, sec = m.get(arm, [0.0, 0, 0, tokens * plain_s, round_s])
+        tok, sec = tok + alpha * (tokens * plain_s - tok), sec + alpha * (round_s - sec)
+        m[arm] = [tok / sec, n + 1, self.clock.get(b, 0), tok, sec]
 
     def _calibrate(self, tree, acc, greedy):
         valid, score, depth, _ = tree_arrays(tree)

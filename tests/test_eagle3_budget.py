@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3.budget import PLAIN, Calibration, DraftBudget, surest
+from eagle3.budget import PLAIN, Calibration, DraftBudget, bucket, surest
 from eagle3.profile import Profile
 from eagle3.tree import from_nodes
 from eagle3.verify import Accepted
@@ -168,7 +168,7 @@ def test_measured_arms_settle_on_the_fastest_and_keep_checking_its_neighbours():
     assert PLAIN in taken[:8] and 1 in taken[:12] and 3 in taken[:12] and 4 in taken[:20]
     late = taken[30:]
     assert late.count(3) >= 26 and set(late) <= {2, 3, 4}  # depth 3 kept; 2 and 4 re-measured now and then
-    assert budget.measured[1][3][0] == pytest.approx(140.0)
+    assert budget.measured[0][3][0] == pytest.approx(140.0 * budget._profiled(1, 1))  # relative to the profile
 
 
 def test_measured_plain_steps_win_over_a_model_that_predicts_trees():
@@ -189,8 +189,28 @@ def test_measured_tree_rounds_overrule_a_plan_that_predicts_plain_steps():
     for d in (1, 2, 3, 4):
         budget.draft_s[(5, d)] = 0.01 * d
     assert budget.plan(32, True) is PLAIN  # the model: a level costs 64 ms + 10 ms of drafting at 32 rows
-    # measured: depth 1 is faster ([tokens/s, rounds, last round, running tokens, running seconds])
-    budget.measured[32] = {PLAIN: [600.0, 2, 0, 1, 1], 1: [900.0, 2, 0, 1, 1], 2: [700.0, 2, 0, 1, 1]}
+    # measured: depth 1 is faster ([relative speed, rounds, last round, running tokens' plain seconds, seconds])
+    budget.measured[bucket(32)] = {PLAIN: [0.6, 2, 0, 1, 1], 1: [0.9, 2, 0, 1, 1], 2: [0.7, 2, 0, 1, 1]}
     assert budget.plan(32, True) == (2, 1, 8)
-    budget.measured[32][1][0] = budget.measured[32][2][0] = 500.0  # now every measured depth is slower
+    budget.measured[bucket(32)][1][0] = budget.measured[bucket(32)][2][0] = 0.5  # now every measured depth is slower
     assert budget.plan(32, True) is PLAIN
+
+
+def test_a_batchs_tail_reads_its_buckets_measurements_instead_of_probing_again():
+    """Rows finishing one by one (32, then 30, 25, 20 rows) stay in one bucket: what was measured at 32 rows decides
+    at 30, 25 and 20 rows too, without probing; a round's speed is counted relative to the profile's plain step at its
+    own row count, so the counts compare."""
+    budget = DraftBudget((2, 4, 8), CPU_LIKE, samples=2)
+    budget.plan(32, True)
+    budget.trim(chain_tree(32, [0.9, 0.8, 0.3, 0.1]), True)
+    for d in (1, 2, 3, 4):
+        budget.draft_s[(5, d)] = 0.01 * d
+    budget.measured[bucket(32)] = {PLAIN: [1.0, 2, 0, 1, 1], 1: [0.7, 2, 0, 1, 1], 2: [0.6, 2, 0, 1, 1]}
+    assert [budget.plan(rows, True) for rows in (30, 25, 20)] == [PLAIN] * 3
+    tree, acc = plain_round(20)
+    budget.warm.add(("verify", 20, 1))  # not the shape's first run
+    budget.observe(PLAIN, tree, acc, True, 0.05, 0.0, round_s=0.05)
+    # running tokens' profiled plain seconds and running seconds, from 1 and 1: 20 tokens at 20 rows, 0.05 s
+    tok, sec = 1 + 0.1 * (20 * budget._profiled(20, 1) / 20 - 1), 1 + 0.1 * (0.05 - 1)
+    assert budget.measured[bucket(32)][PLAIN][0] == pytest.approx(tok / sec, rel=1e-6)
+    assert bucket(16) not in budget.measured  # another bucket: its own measurements
