@@ -146,12 +146,16 @@ def _featurize(model, dev, seqs, max_tokens):
             n += 1
         idx = order[i: i + n]
         tokens, lens, pos, mask = pad_prompts([out[j]["tokens"].tolist() for j in idx], dev)
-        logits, feats = model(tokens, pos, model.new_cache(len(idx), tokens.shape[1]), mask)
+        # Logits only where a label is taken (the answer's positions, from the prompt's last token on): the prompts
+        # are most of the tokens, and the lm_head over every position was a quarter of the prefill.
+        first = torch.tensor([out[j]["prompt_len"] - 1 for j in idx], device=dev)
+        at = torch.minimum(first[:, None] + torch.arange(int((lens - 1 - first).max()), device=dev), lens[:, None] - 2)
+        logits, feats = model(tokens, pos, model.new_cache(len(idx), tokens.shape[1]), mask, logits_at=at)
         greedy = logits.float().argmax(-1)
         for r, j in enumerate(idx):
             L, p = int(lens[r]), out[j]["prompt_len"]
-            labels = greedy[r, : L - 1].to(torch.int32).cpu()
-            labels[: p - 1] = -1  # no loss inside the prompt, as answer_batch marks it
+            labels = torch.full((L - 1,), -1, dtype=torch.int32)  # no loss inside the prompt, as answer_batch marks
+            labels[p - 1:] = greedy[r, : L - p].to(torch.int32).cpu()
             out[j].update(feats=feats[r, : L - 1].half().cpu(), labels=labels)
         i += n
     return out
