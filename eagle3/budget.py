@@ -26,8 +26,8 @@ curves that lag: on the AMX Xeon at batch 1 the plan took plain steps and depth-
 while depth-2 trees measured 1.2x vanilla). Per bucket of row counts (1, 2, 3-4, 5-8, ...), every arm — plain steps
 and each depth — keeps the measured speed of its whole rounds (drafting, verify, accept, commit: every second a round
 costs), as tokens per second relative to the profile's plain step at the round's row count, so that the counts of a
-bucket compare: a batch whose rows finish one by one measures its arms once, not again at 7, 6 and 5 rows (on the
-AVX512 EPYC, where trees lose at batch 8, those tails' probes cost the demo job ~15%). Once the
+bucket compare: a batch whose rows finish one by one measures its arms once, not again at 7, 6 and 5 rows, where
+each probe of a losing tree costs throughput (on the AVX512 EPYC trees lose by ~1/3 at batch 8). Once the
 model's choice and plain steps are measured, plan takes the best measured arm, after trying each neighbour of it
 (one level shallower or deeper, plain below depth 1) for `samples` rounds, and re-measures the stalest neighbour
 after `refresh` rounds, then after twice as many while the best arm stays the best (up to `max_explore`): the model

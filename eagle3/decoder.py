@@ -75,15 +75,14 @@ def resolve_head(target: Target, draft) -> Eagle3Head:
     w = target.model.embed_tokens.weight
     if has_int8(target.model):  # the head follows the target's format
         return int8_linears(draft.to(device=w.device, dtype=w.dtype).eval().pack())
-    if own_kernel(target.model):  # q8 linears where one of the engine's kernels runs (eagle3/vnni.py), on a copy:
-        fresh = Eagle3Head(draft.config)  # the caller's head keeps its weights (a packed one cannot be deep-copied)
+    if own_kernel(target.model):  # Q8_0 linears through the engine's kernel (eagle3/amx.py, eagle3/vnni.py), on a
+        fresh = Eagle3Head(draft.config)  # copy: the caller's head keeps its weights (a packed one cannot be copied)
         fresh.load_state_dict(draft.state_dict())
-        draft = fresh.to(device=w.device, dtype=w.dtype).eval()
+        draft = fresh.to(device=w.device, dtype=w.dtype)
         for m in draft.modules():
             if isinstance(m, Linear) and m.weight.shape[1] % 32 == 0:
                 quantize_q8(m)
     return draft.to(device=w.device, dtype=w.dtype).eval().pack()
-    return draft
 
 
 class SpeculativeDecoder:

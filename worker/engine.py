@@ -73,9 +73,9 @@ class Engine:
     def warm_up(self, parallel_degree: int = 4, validation_threshold: float = 1.0) -> None:
         """A batch through both paths, so the first real batch does not pay one-time costs: compiled steps, and the
         draft budget's first measurements. A fresh budget tries its arms (plain steps and draft depths) for a few
-        rounds each before it settles (eagle3/budget.py), which in a first job's 64-token batch was ~15% of its
-        time where trees do not pay (AVX512 EPYC, batch 8); here those rounds run on built-in training prompts, and
-        jobs start from what they measured (re-checked as jobs run)."""
+        rounds each before it settles (eagle3/budget.py), which a first job paid for where trees do not pay (the
+        demo's sample speedup on the AVX512 EPYC at batch 8: 0.84-0.87x before this batch, 0.90x with it); here those
+        rounds run on built-in training prompts, and jobs start from what they measured (re-checked as jobs run)."""
         from eagle3.prompts import training_prompts
 
         decoder = self.decoder(parallel_degree, validation_threshold)
