@@ -23,10 +23,11 @@ SOURCE = Path(__file__).parent / "kernels" / "attention.cpp"
 HEAD_DIMS = (16, 32, 64, 128)  # the kernel's
 
 
-def build(name, source, fallback) -> bool:
+def build(name, source, fallback, extra_flags=()) -> bool:
     """Compile (or find in torch's extension cache) an own CPU kernel for this CPU's vector width: one build per width,
     so a cache shared by machines never hands one a library it cannot run. False, with a warning saying what runs
-    instead (`fallback`), where it does not build (no compiler)."""
+    instead (`fallback`), where it does not build (no compiler). extra_flags: instruction sets the kernel needs
+    beyond the width's (its caller checks the CPU has them)."""
     from torch.utils.cpp_extension import load
 
     from .hardware import cpu_flags
@@ -39,7 +40,7 @@ def build(name, source, fallback) -> bool:
     else:
         width, flags = "base", []
     try:
-        load(name=f"{name}_{width}", sources=[str(source)], extra_cflags=["-O3", "-fopenmp", *flags],
+        load(name=f"{name}_{width}", sources=[str(source)], extra_cflags=["-O3", "-fopenmp", *flags, *extra_flags],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except Exception as e:
         warnings.warn(f"{name}: the kernel did not build ({e}); {fallback}")

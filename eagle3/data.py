@@ -12,7 +12,7 @@ from tqdm import tqdm
 from .hardware import row_chunk
 from .layers import row_chunks
 from .target import pad_prompts
-from .verify import warp
+from .verify import greedy, warp
 
 
 @torch.no_grad()
@@ -151,11 +151,11 @@ def _featurize(model, dev, seqs, max_tokens):
         first = torch.tensor([out[j]["prompt_len"] - 1 for j in idx], device=dev)
         at = torch.minimum(first[:, None] + torch.arange(int((lens - 1 - first).max()), device=dev), lens[:, None] - 2)
         logits, feats = model(tokens, pos, model.new_cache(len(idx), tokens.shape[1]), mask, logits_at=at)
-        greedy = logits.float().argmax(-1)
+        picks = greedy(logits)  # the engine's own greedy pick (verify.greedy)
         for r, j in enumerate(idx):
             L, p = int(lens[r]), out[j]["prompt_len"]
             labels = torch.full((L - 1,), -1, dtype=torch.int32)  # no loss inside the prompt, as answer_batch marks
-            labels[p - 1:] = greedy[r, : L - p].to(torch.int32).cpu()
+            labels[p - 1:] = picks[r, : L - p].to(torch.int32).cpu()
             out[j].update(feats=feats[r, : L - 1].half().cpu(), labels=labels)
         i += n
     return out

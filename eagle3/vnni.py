@@ -18,15 +18,15 @@ Built at first use by torch.utils.cpp_extension (~10 s; cached under TORCH_EXTEN
 AVX512-VNNI, AVX512-BW and AVX512-BF16, the AMX kernel does not run (eagle3/amx.py) and the kernel builds;
 EAGLE3_VNNI=0 turns it off (torch's int4 kernel then runs)."""
 import os
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from .attention import build
+
 SOURCE = Path(__file__).parent / "kernels" / "vnni_mm.cpp"
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16", "-mf16c", "-mfma",
-         "-fopenmp"]
+FLAGS = ["-mavx512bw", "-mavx512vnni", "-mavx512bf16", "-mf16c"]  # beyond AVX-512's (attention.build)
 COLUMNS, BLOCK = 16, 32  # output columns per packed panel; inputs per Q4_1 block
 
 
@@ -46,13 +46,7 @@ def available() -> bool:
 
     if os.environ.get("EAGLE3_VNNI", "1") == "0" or not {"avx512_vnni", "avx512bw", "avx512_bf16"} <= cpu_flags():
         return False
-    try:
-        from torch.utils.cpp_extension import load
-
-        load(name="eagle3_vnni", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-             is_python_module=False, verbose=False)
-    except Exception as e:  # no compiler, or one without these intrinsics: torch's int4 kernel instead
-        warnings.warn(f"eagle3.vnni: the kernel did not build ({e}); using torch's int4 kernel")
+    if not build("eagle3_vnni", SOURCE, "using torch's int4 kernel", FLAGS):  # no compiler, or no such intrinsics
         return False
     for op in ("q4_mm", "q8_mm"):
         torch.library.register_fake(f"eagle3_vnni::{op}")(
