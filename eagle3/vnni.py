@@ -1,11 +1,11 @@
 """The target's Q4_1 linears on CPUs with AVX512-VNNI and AVX512-BF16 but no AMX: an own kernel (kernels/vnni_mm.cpp)
 that multiplies the GGUF's 4-bit blocks by 8-bit activation blocks in integers, as llama.cpp does.
 
-Why (layers): torch's int4 kernel dequantises every weight to float, once per 4 rows, so a forward's linears cost 4.0
-ms at 1 row, 11.4 at 8 and 21.6 at 16 on the 2-core AVX512 EPYC (bench/results/linears_vnni.md): a verify forward of
+Why (layers): torch's int4 kernel dequantises every weight to float, once per 4 rows, so a forward's linears cost 5.5
+ms at 1 row, 13.0 at 8 and 23.5 at 16 on the 2-core AVX512 EPYC (bench/results/linears_vnni.md): a verify forward of
 a few tree nodes per row cost as much as several plain steps, and trees paid neither at batch 1 nor at batch 8. Here a
 weight is only unpacked (two bit operations per 64 of them), once per four rows, and each vpdpbusd sums 64 products;
-the float work is one multiply-add per row, block and 16 columns: 3.5, 7.9 and 13.7 ms.
+the float work is one multiply-add per row, block and 16 columns: 4.3, 8.6 and 14.4 ms in the same run.
 
 Numerics: each row's activations are quantised per block of 32 in steps of max|x| / 127, as llama.cpp's Q8 blocks,
 plus (digits=2, the engine's) a second int8 digit for the rest in 128ths of a step: about 14 bits, as close to the
