@@ -11,8 +11,8 @@ Numerics: each row's activations are quantised per block of 32 in steps of max|x
 plus (digits=2, the engine's) a second int8 digit for the rest in 128ths of a step: about 14 bits, as close to the
 product of x as the bf16 product's own output rounding (tests/test_vnni.py). One digit, llama.cpp's precision, is
 faster from a few rows on (bench/results/peers_avx512_digits1.md) but drifted from fp32 greedy outputs at token 9
-(median; 96.8% same top-1) against token 22 (98.5%) for torch's bf16 kernel; two digits: token 12, 98.3% (bench/results/drift_vnni.md). Integer sums are exact and
-blocks are added in one order, so a row's bits do not depend on the rows beside it, as verification needs.
+(median; 96.8% same top-1) against token 22 (98.5%) for torch's bf16 kernel; two digits: token 12, 98.3%
+(bench/results/drift_vnni.md). Integer sums are exact and blocks are added in one order, so a row's bits do not depend on the rows beside it, as verification needs.
 
 Built at first use by torch.utils.cpp_extension (~10 s; cached under TORCH_EXTENSIONS_DIR). Used where the CPU has
 AVX512-VNNI, AVX512-BW and AVX512-BF16, the AMX kernel does not run (eagle3/amx.py) and the kernel builds;
@@ -61,13 +61,15 @@ def fits(out_features: int, in_features: int, group: int) -> bool:
 def _quads(q: torch.Tensor) -> torch.Tensor:
     """[N, K] bytes -> [N/16, K/32, 8 quad-vectors, 64]: byte 4c + e of quad-vector t is column c at input 4t + e."""
     n, k = q.shape
-    return q.reshape(n // COLUMNS, COLUMNS, k // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).reshape(n // COLUMNS, k // BLOCK, 8, 64)
+    quads = q.reshape(n // COLUMNS, COLUMNS, k // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
+    return quads.reshape(n // COLUMNS, k // BLOCK, 8, 64)
 
 
 def _per_panel(*ts):
     """Per-block scales [N, K/32] each -> [N/16, K/32, 16 * len(ts)] fp16 (each scale's 16 columns in turn)."""
     n, g = ts[0].shape
-    return torch.cat([t.reshape(n // COLUMNS, COLUMNS, g).transpose(1, 2) for t in ts], -1).to(torch.float16).contiguous()
+    panels = [t.reshape(n // COLUMNS, COLUMNS, g).transpose(1, 2) for t in ts]
+    return torch.cat(panels, -1).to(torch.float16).contiguous()
 
 
 def pack_q4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
