@@ -12,7 +12,8 @@ plus (digits=2, the engine's) a second int8 digit for the rest in 128ths of a st
 product of x as the bf16 product's own output rounding (tests/test_vnni.py). One digit, llama.cpp's precision, is
 faster from a few rows on (bench/results/peers_avx512_digits1.md) but drifted from fp32 greedy outputs at token 9
 (median; 96.8% same top-1) against token 22 (98.5%) for torch's bf16 kernel; two digits: token 12, 98.3%
-(bench/results/drift_vnni.md). Integer sums are exact and blocks are added in one order, so a row's bits do not depend on the rows beside it, as verification needs.
+(bench/results/drift_vnni.md). Integer sums are exact and blocks are added in one order, so a row's bits do not
+depend on the rows beside it, as verification needs.
 
 Built at first use by torch.utils.cpp_extension (~10 s; cached under TORCH_EXTENSIONS_DIR). Used where the CPU has
 AVX512-VNNI, AVX512-BW and AVX512-BF16, the AMX kernel does not run (eagle3/amx.py) and the kernel builds;
