@@ -108,8 +108,9 @@ class Linear(nn.Module):
         return True
 
     def _vnni_runs(self, shape, group) -> bool:
-        """Whether the VNNI kernel takes this Linear's blocks: bf16 on a CPU where it runs (and AMX's does not)."""
-        return int4_supported(self.weight) and vnni.available() and vnni.fits(*shape, group)
+        """Whether the VNNI kernel takes this Linear's blocks: bf16 or fp32 on a CPU where it runs (set_int4 and set_q8
+        ask AMX's first)."""
+        return vnni.takes(self.weight) and vnni.fits(*shape, group)
 
     def _amx_runs(self, shape, group) -> bool:
         """Whether the AMX kernel takes this Linear's blocks: bf16 on a CPU where it runs, whole 64-column sets."""
@@ -194,6 +195,12 @@ def own_kernel(model) -> bool:
 def has_int8(model) -> bool:
     """Whether any Linear of the model runs fbgemm's int8 kernel."""
     return any(isinstance(m, Linear) and m._int8 is not None for m in model.modules())
+
+
+def quantises(model) -> bool:
+    """Whether the model's linears quantise their activations (fbgemm's int8, the VNNI kernel): cache_dtype's
+    `quantized`."""
+    return has_int8(model) or any(isinstance(m, Linear) and m._vnni is not None for m in model.modules())
 
 
 def weight_format(model) -> str:

@@ -14,10 +14,10 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
-from . import compiled
+from . import compiled, vnni
 from .hardware import default_dtype, parse_dtype
-from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, has_int4, has_int8,
-                     int4_supported, int8_linears, pack_linears, rotate, stream_dtype)
+from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, has_int4,
+                     int4_supported, int8_linears, pack_linears, quantises, rotate, stream_dtype)
 from .int8 import supported as int8_supported
 from .quant import load_q4_1, load_q8_0_lm_head, quantize_layers_q4
 
@@ -127,7 +127,7 @@ class LlamaModel(nn.Module):
     def new_cache(self, batch, max_len):
         c, w = self.config, self.embed_tokens.weight
         return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim,
-                       cache_dtype(w, c.head_dim, has_int8(self)), w.device)
+                       cache_dtype(w, c.head_dim, quantises(self)), w.device)
 
     @torch.no_grad()
     def forward(self, tokens, positions, cache, tree_mask, logits_at=None):
@@ -390,10 +390,11 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
 
     dtype: None picks by hardware (eagle3.hardware.default_dtype: EAGLE3_DTYPE, else bf16 on CUDA and on CPUs with
     native bf16, else fp32). int4: the default target's Q4_1 weights as int4 linears (quant.py);
-    None = EAGLE3_INT4 if set, else on wherever the int4 kernel has a fast path (bf16 on a CPU). True for another model
+    None = EAGLE3_INT4 if set, else on wherever an int4 kernel has a fast path (bf16 on a CPU; fp32 picked by the
+    hardware on a CPU with AVX512-VNNI, eagle3/vnni.py). True for another model
     re-quantises its layers (lossy: no longer exactly that checkpoint). int8: fbgemm int8 linears for fp32 on x86
     (layers.int8_linears), ~1.7x faster decoding at batch 1 on AVX2-only CPUs (even at 8, slower at 32: README);
-    None = EAGLE3_INT8 if set, else on where the hardware picked fp32 (an explicit dtype="float32" stays exact).
+    None = EAGLE3_INT8 if set, else on where the hardware picked fp32 and int4 is off (an explicit dtype="float32" stays exact).
     Like int4 it changes the model a little: greedy choices along fp32's outputs agree ~97%
     (bench/results/drift_avx2.md)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -410,7 +411,7 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     hardware_picks = dtype is None and not os.environ.get("EAGLE3_DTYPE")
     dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
     model = build_model(config, _read_hf_weights(path), device, dtype)
-    if name == DEFAULT_TARGET and _want_int4(int4, model):
+    if name == DEFAULT_TARGET and _want_int4(int4, model, hardware_picks):
         load_q4_1(model, default_gguf())  # exactly the GGUF's Q4_1 weights
         load_q8_0_lm_head(model, default_gguf())  # and its Q8_0 lm_head, where an own kernel runs
     elif int4:
@@ -433,8 +434,12 @@ def build_model(config: TargetConfig, hf_state: dict, device, dtype) -> LlamaMod
     return model.to(device=device, dtype=dtype).eval().pack()
 
 
-def _want_int4(int4, model) -> bool:
-    return _want("EAGLE3_INT4", int4, int4_supported(model.embed_tokens.weight))
+def _want_int4(int4, model, hardware_picks) -> bool:
+    """By default wherever an int4 kernel has a fast path: torch's (bf16 on a CPU), or the VNNI one where the hardware
+    picked fp32 (an explicit dtype="float32" stays exact)."""
+    w = model.embed_tokens.weight
+    fast = int4_supported(w) or hardware_picks and w.dtype == torch.float32 and vnni.takes(w)
+    return _want("EAGLE3_INT4", int4, fast)
 
 
 def _want(env, asked, default) -> bool:

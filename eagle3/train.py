@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from .data import generate_dataset, load_dataset
 from .draft import Eagle3Head, HeadConfig
-from .layers import KVCache, attention_mask, cache_dtype, has_int8
+from .layers import KVCache, attention_mask, cache_dtype, quantises
 from .prompts import TRAINING_PROMPTS, training_prompts
 from .target import load_target
 
@@ -186,7 +186,7 @@ def target_draft_logits(target, feats, draft_ids):
     B, T, _ = x.shape
     dev = x.device
     cache = KVCache(c.num_hidden_layers - first, B, c.num_key_value_heads, T, c.head_dim,
-                    cache_dtype(model.embed_tokens.weight, model.config.head_dim, has_int8(model)), dev)
+                    cache_dtype(model.embed_tokens.weight, model.config.head_dim, quantises(model)), dev)
     causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(B, T, T)
     rope = model.rope.table(torch.arange(T, device=dev).expand(B, T), cache.dtype)
     mask, slots = attention_mask(cache.lens, causal, T), cache.slots(0, T)

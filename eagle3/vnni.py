@@ -1,5 +1,7 @@
-"""The target's Q4_1 linears on CPUs with AVX512-VNNI and AVX512-BF16 but no AMX: an own kernel (kernels/vnni_mm.cpp)
-that multiplies the GGUF's 4-bit blocks by 8-bit activation blocks in integers, as llama.cpp does.
+"""The target's Q4_1 linears on CPUs with AVX512-VNNI but no AMX: an own kernel (kernels/vnni_mm.cpp) that multiplies
+the GGUF's 4-bit blocks by 8-bit activation blocks in integers, as llama.cpp does. Activations and outputs are the
+engine's dtype: bf16 where the CPU has AVX512-BF16, fp32 where it has VNNI alone (Cascade Lake, Ice Lake), which
+before this ran fbgemm's int8 linears (eagle3/int8.py).
 
 Why (layers): torch's int4 kernel dequantises every weight to float, once per 4 rows, so a forward's linears cost 5.5
 ms at 1 row, 13.0 at 8 and 23.5 at 16 on the 2-core AVX512 EPYC (bench/results/linears_vnni.md): a verify forward of
@@ -16,8 +18,8 @@ faster from a few rows on (bench/results/peers_avx512_digits1.md) but drifted fr
 depend on the rows beside it, as verification needs.
 
 Built at first use by torch.utils.cpp_extension (~10 s; cached under TORCH_EXTENSIONS_DIR). Used where the CPU has
-AVX512-VNNI, AVX512-BW and AVX512-BF16, the AMX kernel does not run (eagle3/amx.py) and the kernel builds;
-EAGLE3_VNNI=0 turns it off (torch's int4 kernel then runs)."""
+AVX512-VNNI and AVX512-BW, the AMX kernel does not run (eagle3/amx.py) and the kernel builds;
+EAGLE3_VNNI=0 turns it off (torch's int4 kernel then runs in bf16, fbgemm's int8 one in fp32)."""
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +29,7 @@ import torch
 from .attention import build
 
 SOURCE = Path(__file__).parent / "kernels" / "vnni_mm.cpp"
-FLAGS = ["-mavx512bw", "-mavx512vnni", "-mavx512bf16", "-mf16c"]  # beyond AVX-512's (attention.build)
+FLAGS = ["-mavx512bw", "-mavx512vnni", "-mf16c"]  # beyond AVX-512's (attention.build)
 COLUMNS, BLOCK = 16, 32  # output columns per packed panel; inputs per Q4_1 block
 
 
@@ -45,7 +47,7 @@ def available() -> bool:
     """Whether q4 linears run this kernel here: the CPU has the extensions, EAGLE3_VNNI is not 0, and it builds."""
     from .hardware import cpu_flags
 
-    if os.environ.get("EAGLE3_VNNI", "1") == "0" or not {"avx512_vnni", "avx512bw", "avx512_bf16"} <= cpu_flags():
+    if os.environ.get("EAGLE3_VNNI", "1") == "0" or not {"avx512_vnni", "avx512bw"} <= cpu_flags():
         return False
     if not build("eagle3_vnni", SOURCE, "using torch's int4 kernel", FLAGS):  # no compiler, or no such intrinsics
         return False
@@ -53,6 +55,11 @@ def available() -> bool:
         torch.library.register_fake(f"eagle3_vnni::{op}")(
             lambda x, w, scales, digits: x.new_empty(x.shape[0], w.shape[0] * COLUMNS))
     return True
+
+
+def takes(weight: torch.Tensor) -> bool:
+    """Whether a Linear with this dense weight runs the kernel: bf16 or fp32 on a CPU where it runs."""
+    return weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float32) and available()
 
 
 def fits(out_features: int, in_features: int, group: int) -> bool:
@@ -95,7 +102,7 @@ def is_q4(weights: torch.Tensor) -> bool:
 
 
 def quantise(x: torch.Tensor, digits: int = 2):
-    """What the kernel does to bf16 rows, in torch (for tests): (X int32 [M, K], dx [M, K/32] fp32), x ~ X * dx."""
+    """What the kernel does to rows, in torch (for tests): (X int32 [M, K], dx [M, K/32] fp32), x ~ X * dx."""
     v = x.float().reshape(x.shape[0], -1, BLOCK)
     step = v.abs().amax(-1) / 127.0
     v = v * torch.where(step > 0, 1.0 / step, torch.zeros_like(step))[..., None]
@@ -107,7 +114,7 @@ def quantise(x: torch.Tensor, digits: int = 2):
 
 
 def mm(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, digits: int = 2) -> torch.Tensor:
-    """x [..., K] bf16 @ a packed weight^T (Q4_1 or Q8_0) -> [..., N] bf16, activations in `digits` int8 digits."""
+    """x [..., K] bf16 or fp32 @ a packed weight^T (Q4_1 or Q8_0) -> [..., N] in x's dtype, activations in `digits` int8 digits."""
     op = torch.ops.eagle3_vnni.q4_mm if is_q4(weights) else torch.ops.eagle3_vnni.q8_mm
     y = op(x.reshape(-1, x.shape[-1]), weights, scales, digits)
     return y.view(*x.shape[:-1], -1)

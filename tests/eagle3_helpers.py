@@ -13,16 +13,17 @@ from eagle3.tree import prune
 from eagle3.target import ByteTokenizer, Target, _default_model_dir, random_model, tiny_config
 
 
-def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512, dtype=torch.float64, int8=False):
+def small_vocab_target(vocab=8, layers=4, seed=0, scale=0.3, max_pos=512, dtype=torch.float64, int8=False, int4=None):
     """A tiny Llama over a tiny vocabulary: an untrained draft head guesses its tokens often, so multi-token
     acceptance (and the KV commit that goes with it) happens in every test. dtype bf16: the engine's reduced-precision
     CPU path (int4 layers, fp32 residual stream, row-invariant attention: eagle3/attention.py's fp32 kernel, float64
     where it does not build), as the default target runs on bf16 CPUs.
-    int8 (with dtype fp32): the AVX2 path (fbgemm int8 linears with per-row activation scales, the same attention)."""
+    int8 (with dtype fp32): the AVX2 path (fbgemm int8 linears with per-row activation scales, the same attention).
+    int4 (default: with bf16): Q4_1 layers; with fp32, the path of CPUs with AVX512-VNNI but no BF16 (eagle3/vnni.py)."""
     cfg = tiny_config(vocab=vocab, layers=layers, max_pos=max_pos)
     cfg.eos_token_ids = []
     model = random_model(cfg, seed=seed, scale=scale, dtype=dtype).pack()
-    if dtype == torch.bfloat16:
+    if dtype == torch.bfloat16 if int4 is None else int4:
         quantize_layers_q4(model)
     if int8:
         int8_linears(model, lm_head_digits=2)
@@ -89,13 +90,14 @@ def q4_weight(n, k, seed=0):
     return q, d, m
 
 
-def q4_linear(k=576, n=192, group=32):
-    """A bf16 Linear with random weights re-quantised to Q4_1 (whichever int4 kernel this CPU runs takes it)."""
+def q4_linear(k=576, n=192, group=32, dtype=torch.bfloat16):
+    """A Linear (bf16 unless `dtype` says otherwise) with random weights re-quantised to Q4_1 (whichever int4 kernel
+    this CPU runs for that dtype takes it)."""
     from eagle3.layers import Linear
     from eagle3.quant import quantize_q4
 
     torch.manual_seed(0)
-    lin = Linear(k, n).to(torch.bfloat16)
+    lin = Linear(k, n).to(dtype)
     lin.weight.data.normal_(0, 0.05)
     quantize_q4(lin, group)
     return lin
@@ -109,9 +111,9 @@ def compiled_gives_eager_bits(lin) -> bool:
         return torch.equal(f(x), lin(x) * 2)
 
 
-def close_to_dense(lin, rtol=0.03) -> bool:
+def close_to_dense(lin, rtol=0.03, dtype=torch.bfloat16) -> bool:
     """Whether the Linear's kernel computes (about) the product of its dense weight, on 5 random rows."""
-    x = torch.randn(5, lin.weight.shape[1], dtype=torch.bfloat16)
+    x = torch.randn(5, lin.weight.shape[1], dtype=dtype)
     with torch.no_grad():
         return torch.allclose(lin(x).float(), torch.nn.functional.linear(x.float(), lin.weight.float()), atol=0.03,
                               rtol=rtol)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eagle3 import SpeculativeDecoder, attention, load_target
+from eagle3 import SpeculativeDecoder, attention, load_target, vnni
 from eagle3.budget import PLAIN
 from eagle3.profile import Profile
 from eagle3_helpers import ScriptedBudget, decoder_for, random_prompts, small_vocab_target
@@ -40,7 +40,7 @@ def test_greedy_matches_vanilla_in_bf16_with_int4(batch, kernel, monkeypatch):
     step would pick. kernel: the engine's own for this CPU where it has one (AMX, VNNI: eagle3/amx.py, eagle3/vnni.py),
     or torch's int4 kernel (what the others run); the VNNI kernel with two int8 digits per activation (its default) or
     one (EAGLE3_VNNI_DIGITS=1, llama.cpp's precision)."""
-    from eagle3 import amx, vnni
+    from eagle3 import amx
 
     if kernel == "torch":
         monkeypatch.setattr(amx, "available", lambda: False)
@@ -54,6 +54,22 @@ def test_greedy_matches_vanilla_in_bf16_with_int4(batch, kernel, monkeypatch):
     assert used != "vnni" or down._vnni[2] == (1 if kernel == "own, 1 digit" else 2)
     dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
     prompts = random_prompts(40, target.config.vocab_size, seed=3)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
+    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert dec.last_stats["accept_length"] > 1.15
+
+
+@pytest.mark.skipif(not vnni.available(), reason="this CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("batch", [1, 5])
+def test_greedy_matches_vanilla_in_fp32_with_the_vnni_kernel(batch):
+    """CPUs with AVX512-VNNI but no BF16 run fp32 with the VNNI kernel's Q4_1 linears: rows quantised on their own,
+    integer sums, row-invariant attention, so lossless as the bf16 path."""
+    target = small_vocab_target(dtype=torch.float32, int4=True)
+    assert target.model.layers[0].mlp.down_proj._vnni is not None
+    assert target.model.new_cache(1, 4).dtype == (torch.float32 if attention.available() else torch.float64)
+    dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
+    prompts = random_prompts(40, target.config.vocab_size, seed=7)
     vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
     spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
     assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]

@@ -1,7 +1,7 @@
 """The VNNI int4 kernel (eagle3/vnni.py): the GGUF block's product with 8-bit activation blocks, each row's bits
 independent of the rows beside it, the same bits compiled, and the engine falling back to torch's kernel where it
-cannot run. The kernel tests need a CPU with AVX512-VNNI and AVX512-BF16 (and a compiler); the fallback test runs
-everywhere."""
+cannot run. The kernel takes bf16 or fp32 activations (the engine's dtype on CPUs with and without AVX512-BF16). The
+kernel tests need a CPU with AVX512-VNNI (and a compiler); the fallback test runs everywhere."""
 import pytest
 import torch
 
@@ -10,37 +10,45 @@ from eagle3.layers import Linear, weight_format
 from eagle3_helpers import (close_to_dense, compiled_gives_eager_bits, decoder_for, q4_linear, q4_weight, q8_weight,
                             random_prompts, same_bits_in_any_split, small_vocab_target)
 
-needs_vnni = pytest.mark.skipif(not vnni.available(), reason="this CPU has no AVX512-VNNI/BF16 (torch's int4 runs)")
+needs_vnni = pytest.mark.skipif(not vnni.available(), reason="this CPU has no AVX512-VNNI (torch's int4 runs)")
+DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+
+
+def output_rtol(dtype):
+    """The output's own rounding: bf16's 8 bits, or fp32 sums of a few hundred products."""
+    return 2 ** -8 if dtype == torch.bfloat16 else 1e-5
 
 
 @needs_vnni
+@DTYPES
 @pytest.mark.parametrize("digits", [1, 2])
-def test_kernel_computes_the_q4_1_product_of_quantised_rows(digits):
-    """y = quantised x @ (q * d + m)^T: within bf16 output rounding of the float64 product of the integer blocks the
+def test_kernel_computes_the_q4_1_product_of_quantised_rows(digits, dtype):
+    """y = quantised x @ (q * d + m)^T: within output rounding of the float64 product of the integer blocks the
     kernel makes of x. One 8-bit digit (llama.cpp's activations) is close to the product of x itself; two digits are
     as close as the bf16 product's own rounding."""
     q, d, m = q4_weight(192, 576)
-    x = torch.randn(21, 576, generator=torch.Generator().manual_seed(1)).bfloat16()
+    x = torch.randn(21, 576, generator=torch.Generator().manual_seed(1)).to(dtype)
     y = vnni.mm(x, *vnni.pack_q4(q, d, m), digits=digits)
     X, dx = vnni.quantise(x, digits)
     w = q.double() * d.double().repeat_interleave(32, 1) + m.double().repeat_interleave(32, 1)
     ref = (X.double() * dx.double().repeat_interleave(32, 1)) @ w.t()
-    assert y.dtype == torch.bfloat16 and y.shape == (21, 192)
-    assert torch.allclose(y.double(), ref, rtol=2 ** -8, atol=1e-3)
+    assert y.dtype == dtype and y.shape == (21, 192)
+    assert torch.allclose(y.double(), ref, rtol=output_rtol(dtype), atol=1e-3 if dtype == torch.bfloat16 else 1e-6)
     exact = x.double() @ w.t()
     err = (y.double() - exact).abs().max() / exact.abs().max()
     assert err < (0.02 if digits == 1 else 2 ** -8)
 
 
 @needs_vnni
+@DTYPES
 @pytest.mark.parametrize("digits", [1, 2])
-def test_a_row_gets_the_same_bits_at_any_row_count(digits):
+def test_a_row_gets_the_same_bits_at_any_row_count(digits, dtype):
     """Rows 1..40 in one call or split as a verify forward or a batch splits them (across 4-row groups, remainders
     of 1-3): identical bits."""
     q, d, m = q4_weight(128, 1536, seed=2)
     w = vnni.pack_q4(q, d, m)
     scales = torch.logspace(-2, 2, 40)[:, None]  # rows of very different sizes
-    x = (torch.randn(40, 1536, generator=torch.Generator().manual_seed(3)) * scales).bfloat16()
+    x = (torch.randn(40, 1536, generator=torch.Generator().manual_seed(3)) * scales).to(dtype)
     x[7, :64] = 0  # all-zero blocks quantise to zero
     full = vnni.mm(x, *w, digits=digits)
     for lo, hi in ((0, 1), (5, 6), (0, 3), (3, 19), (16, 17), (7, 40), (0, 33), (2, 4), (1, 6)):
@@ -60,7 +68,7 @@ def test_linears_run_the_vnni_kernel_exactly_where_it_is_available(monkeypatch):
     """Without AMX, a q4 Linear takes the VNNI kernel where it runs (the GGUF's blocks of 32 inputs) and torch's int4
     kernel elsewhere; both compute close to its dense weight's product."""
     monkeypatch.setattr(amx, "available", lambda: False)
-    assert vnni.available() <= ({"avx512_vnni", "avx512bw", "avx512_bf16"} <= hardware.cpu_flags())
+    assert vnni.available() <= ({"avx512_vnni", "avx512bw"} <= hardware.cpu_flags())
     for group, expect in ((32, vnni.available()), (64, False)):  # groups of 64: not the kernel's blocks
         lin = q4_linear(256, 192, group)
         assert (lin._vnni is not None) == expect and (lin._int4 is not None) == (not expect)
@@ -71,13 +79,28 @@ def test_linears_run_the_vnni_kernel_exactly_where_it_is_available(monkeypatch):
     assert weight_format(torch.nn.ModuleDict(dict(a=lin))) == "int4"
 
 
+def test_fp32_linears_run_the_vnni_kernel_where_it_is_available(monkeypatch):
+    """fp32 weights (CPUs without AVX512-BF16) take the kernel too, with fp32 activations and outputs; without it they
+    keep the dense fp32 weight (torch's int4 kernel has no fp32 fast path), set to the Q4_1 values."""
+    monkeypatch.setattr(amx, "available", lambda: False)
+    lin = q4_linear(dtype=torch.float32)
+    assert (lin._vnni is not None) == vnni.available() and lin._int4 is None
+    assert close_to_dense(lin, dtype=torch.float32)
+    if vnni.available():
+        assert lin(torch.randn(3, 576)).dtype == torch.float32
+    monkeypatch.setattr(vnni, "available", lambda: False)
+    lin = q4_linear(dtype=torch.float32)
+    assert lin._vnni is None and lin._int4 is None and close_to_dense(lin, dtype=torch.float32)
+
+
 @needs_vnni
-def test_q8_kernel_computes_the_q8_0_product_with_invariant_rows():
-    """The lm_head's Q8_0 blocks (stored as q + 128 with m = -128 d): within bf16 output rounding of the product of
-    the block's exact weights, rows invariant."""
+@DTYPES
+def test_q8_kernel_computes_the_q8_0_product_with_invariant_rows(dtype):
+    """The lm_head's Q8_0 blocks (stored as q + 128 with m = -128 d): within output rounding (and the two digits'
+    quantisation of x) of the product of the block's exact weights, rows invariant."""
     q, d = q8_weight(256, 576)
     w = vnni.pack_q8(q, d)
-    x = torch.randn(37, 576, generator=torch.Generator().manual_seed(5)).bfloat16()
+    x = torch.randn(37, 576, generator=torch.Generator().manual_seed(5)).to(dtype)
     ref = x.double() @ (q.double() * d.double().repeat_interleave(32, 1)).t()
     assert torch.allclose(vnni.mm(x, *w).double(), ref, rtol=2 ** -8, atol=1e-3)
     assert same_bits_in_any_split(lambda x: vnni.mm(x, *w), x, ((0, 1), (3, 5), (1, 17), (16, 37)))

@@ -50,17 +50,30 @@ struct Q8 {
   }
 };
 
-// x [M, K] bf16 -> per block of 32 (rows independent): digits xq1 (and xq2) int8 [M, K], dx and sx [M, K/32] fp32,
+// Activations and outputs are bf16 (uint16_t bits) or fp32, the engine's dtype: 16 of them to and from fp32 lanes.
+// bf16 rounds to nearest even in integers, so no AVX512-BF16 instruction is needed (CPUs with VNNI but no BF16).
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const uint16_t* x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)x)), 16));
+}
+inline void store16(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
+inline void store16(uint16_t* y, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+  _mm256_storeu_si256((__m256i*)y, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
+// x [M, K] (bf16 or fp32) -> per block of 32 (rows independent): digits xq1 (and xq2) int8 [M, K], dx and sx [M, K/32] fp32,
 // with x ~ X * dx, X = xq1 (one digit) or 128 * xq1 + xq2 (two: xq2 = round(128 * (x / step - xq1)), |xq2| <= 64),
 // sx = dx * sum X, step = max|x| / 127.
-template <int DIGITS>
-void quantise(const uint16_t* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2, float* dx, float* sx) {
+template <int DIGITS, class T>
+void quantise(const T* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2, float* dx, float* sx) {
   for (int64_t i = 0; i < M * K / BLOCK; ++i) {
     __m512 v[2];
     float amax = 0;
     for (int h = 0; h < 2; ++h) {
-      v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(x + i * BLOCK + 16 * h))), 16));
+      v[h] = load16(x + i * BLOCK + 16 * h);
       amax = std::max(amax, _mm512_reduce_max_ps(_mm512_abs_ps(v[h])));
     }
     const float step = amax / 127.0f, inv = amax > 0 ? 1.0f / step : 0.0f;
@@ -84,9 +97,9 @@ void quantise(const uint16_t* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2,
 }
 
 // R rows (m0..) x one panel of 16 columns over all K: the panel's blocks are unpacked once per R rows.
-template <class F, int R, int DIGITS>
-void rows_panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, int64_t K, const uint8_t* w, const uint16_t* sc,
-                uint16_t* y, int64_t ldy) {
+template <class F, int R, int DIGITS, class T>
+void rows_panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, int64_t K, const uint8_t* w,
+                const uint16_t* sc, T* y, int64_t ldy) {
   const int64_t G = K / BLOCK;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -113,18 +126,17 @@ void rows_panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const flo
       acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx[i]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    _mm256_storeu_si256((__m256i*)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+  for (int r = 0; r < R; ++r) store16(y + r * ldy, acc[r]);
 }
 
 constexpr int ROWS = 4;  // rows sharing one unpacking of a panel's blocks (registers: 8 weights + 4 sums + 4 outputs)
 
-template <class F, int DIGITS>
+template <class F, int DIGITS, class T>
 void panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, int64_t M, int64_t K,
-           const uint8_t* w, const uint16_t* sc, uint16_t* y, int64_t ldy) {
+           const uint8_t* w, const uint16_t* sc, T* y, int64_t ldy) {
   const int64_t G = K / BLOCK;
   auto run = [&](auto rows, int64_t m) {
-    rows_panel<F, decltype(rows)::value, DIGITS>(xq1 + m * K, xq2 + m * K, dx + m * G, sx + m * G, K, w, sc,
+    rows_panel<F, decltype(rows)::value, DIGITS, T>(xq1 + m * K, xq2 + m * K, dx + m * G, sx + m * G, K, w, sc,
                                               y + m * ldy, ldy);
   };
   int64_t m = 0;
@@ -137,24 +149,35 @@ void panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* s
   }
 }
 
-template <class F, int DIGITS>
-void multiply(const uint16_t* x, int64_t M, int64_t K, const uint8_t* w, const uint16_t* sc, int64_t panels,
-              uint16_t* y) {
+template <class F, int DIGITS, class T>
+void multiply(const T* x, int64_t M, int64_t K, const uint8_t* w, const uint16_t* sc, int64_t panels, T* y) {
   const int64_t G = K / BLOCK, N = panels * COLS;
   std::vector<int8_t> xq1(M * K), xq2(DIGITS == 2 ? M * K : 0);
   std::vector<float> dx(M * G), sx(M * G);
-  quantise<DIGITS>(x, M, K, xq1.data(), xq2.data(), dx.data(), sx.data());
+  quantise<DIGITS, T>(x, M, K, xq1.data(), xq2.data(), dx.data(), sx.data());
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p)
-      panel<F, DIGITS>(xq1.data(), xq2.data(), dx.data(), sx.data(), M, K, w + p * G * F::W, sc + p * G * S,
+      panel<F, DIGITS, T>(xq1.data(), xq2.data(), dx.data(), sx.data(), M, K, w + p * G * F::W, sc + p * G * S,
                        y + p * COLS, N);
   });
 }
 
 // y = x @ w^T for a packed weight of format F: w [N/16, K/32, F::W] bytes, scales [N/16, K/32, 32] fp16.
+template <class F, class T>
+void run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t digits, at::Tensor& y) {
+  const auto* xp = (const T*)x.data_ptr();
+  const auto* wp = w.data_ptr<uint8_t>();
+  const auto* sp = (const uint16_t*)scales.data_ptr();
+  auto* yp = (T*)y.data_ptr();
+  const int64_t M = x.size(0), K = x.size(1), panels = w.size(0);
+  if (digits == 1) multiply<F, 1, T>(xp, M, K, wp, sp, panels, yp);
+  else multiply<F, 2, T>(xp, M, K, wp, sp, panels, yp);
+}
+
 template <class F>
 at::Tensor mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t digits) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2, "eagle3_vnni: x must be a 2-d bf16 tensor");
+  TORCH_CHECK((x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat) && x.dim() == 2,
+              "eagle3_vnni: x must be a 2-d bf16 or fp32 tensor");
   TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 3 && w.size(2) == F::W && scales.scalar_type() == at::kHalf &&
               scales.dim() == 3 && scales.size(2) == S,
               "eagle3_vnni: w must be uint8 [N/16, K/32, W], scales fp16 [N/16, K/32, 32]");
@@ -164,13 +187,8 @@ at::Tensor mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales
               "eagle3_vnni: shapes do not match");
   auto y = at::empty({M, panels * COLS}, x.options());
   if (M == 0) return y;
-  auto xc = x.contiguous();
-  const auto* xp = (const uint16_t*)xc.data_ptr();
-  const auto* wp = w.data_ptr<uint8_t>();
-  const auto* sp = (const uint16_t*)scales.data_ptr();
-  auto* yp = (uint16_t*)y.data_ptr();
-  if (digits == 1) multiply<F, 1>(xp, M, K, wp, sp, panels, yp);
-  else multiply<F, 2>(xp, M, K, wp, sp, panels, yp);
+  if (x.scalar_type() == at::kFloat) run<F, float>(x.contiguous(), w, scales, digits, y);
+  else run<F, uint16_t>(x.contiguous(), w, scales, digits, y);
   return y;
 }
 
