@@ -45,11 +45,13 @@ def build(fmt, shapes, layers):
                     return None
                 lin.to(torch.bfloat16).pack()
             elif fmt.startswith("int4"):
-                if fmt == AMX and not amx.available() or fmt == VNNI and not vnni.available():
+                own_vnni = fmt in (VNNI, VNNI_FP32)
+                if fmt == AMX and not amx.available() or own_vnni and not vnni.available():
                     return None
-                lin.to(torch.bfloat16)
+                if fmt != VNNI_FP32:
+                    lin.to(torch.bfloat16)
                 with patch.object(amx, "available", return_value=fmt == AMX), \
-                        patch.object(vnni, "available", return_value=fmt == VNNI):  # torch's kernel or an own one
+                        patch.object(vnni, "available", return_value=own_vnni):  # torch's kernel or an own one
                     quantize_q4(lin)
             elif fmt.startswith("int8"):
                 if not int8.supported(lin.weight):
@@ -63,8 +65,9 @@ def build(fmt, shapes, layers):
 KERNEL_ONLY = "int8 kernel alone (no per-row scaling ops)"
 AMX = "int4 (the engine's AMX kernel, eagle3/amx.py)"
 VNNI = "int4 x int8 activations (the engine's VNNI kernel, eagle3/vnni.py)"
-FORMATS = ("fp32 (oneDNN)", "bf16 (oneDNN)", "int4 (torch's kernel)", AMX, VNNI, "int8 (fbgemm, per-row activations)",
-           KERNEL_ONLY)
+VNNI_FP32 = "int4 x int8 activations, fp32 rows in and out (the VNNI kernel on CPUs without AVX512-BF16)"
+FORMATS = ("fp32 (oneDNN)", "bf16 (oneDNN)", "int4 (torch's kernel)", AMX, VNNI, VNNI_FP32,
+           "int8 (fbgemm, per-row activations)", KERNEL_ONLY)
 
 
 def run(mods, rows, kernel_only=False):

@@ -30,9 +30,10 @@ from eagle3.layers import weight_format
 from eagle3.prompts import heldout_prompts, training_prompts
 from eagle3.target import default_gguf
 
-FORMATS = {"int4": " (the GGUF Q4_1 blocks as int4)",
-           "int4 (AMX kernel)": " (the GGUF Q4_1 blocks as int4, the engine's AMX kernel: eagle3/amx.py)",
-           "int8": " (int8 linears through fbgemm, per-row int8 activations)"}
+FORMATS = {"int4": ": the GGUF Q4_1 blocks through torch's int4 kernel",
+           "int4 (AMX kernel)": ": the GGUF Q4_1 blocks and Q8_0 lm_head through the engine's AMX kernel (eagle3/amx.py)",
+           "int4 (VNNI kernel)": ": the GGUF Q4_1 blocks and Q8_0 lm_head through the engine's VNNI kernel (eagle3/vnni.py)",
+           "int8": ": int8 weights through fbgemm, per-row int8 activations"}
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,7 +119,7 @@ def write(path, machine, target, prompt_len, a, tg, rows, compiled):
     dtype = str(target.model.embed_tokens.weight.dtype).removeprefix("torch.")
     fmt = weight_format(target.model)
     lines = [f"# Peers: llama.cpp vs this engine on the same GGUF ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
-             "", f"Machine: {machine}.", f"Engine: {dtype} weights{FORMATS.get(fmt, '')}; "
+             "", f"Machine: {machine}.", f"Engine: {dtype} activations, linears {fmt}{FORMATS.get(fmt, '')}; "
              f"{a.max_new_tokens} new tokens per sequence, prompts of ~{prompt_len} tokens; median of {a.reps} "
              "alternated repetitions. Decode tok/s (prefill excluded). `python -m bench.peers` wrote this file.", "",
              f"llama.cpp `llama-bench` tg{a.max_new_tokens} (batch 1, empty context): **{tg:.1f} tok/s**", "",
