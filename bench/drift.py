@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {"fp32 (reference)": dict(dtype="float32", int4=False), "bf16 dense": dict(dtype="bfloat16", int4=False),
            "bf16 + int4 (GGUF Q4_1)": dict(dtype="bfloat16", int4=True),
            "bf16 + int4 (GGUF Q4_1), torch's kernel": dict(dtype="bfloat16", int4=True, own_kernel=False),
+           "fp32 + int4 (GGUF Q4_1)": dict(dtype="float32", int4=True),  # the VNNI kernel where it runs
            "fp32 + int8 (fbgemm, per-row activations)": dict(dtype="float32", int4=False, int8=True)}
 
 
