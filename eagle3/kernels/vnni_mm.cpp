@@ -96,6 +96,17 @@ void quantise(const T* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2, float*
   }
 }
 
+// sum over the block's 32 inputs of q * x per column: two chains of 4 vpdpbusd (each waits for the last one's
+// sum), so the core has more of them in flight; integer sums are exact, so their order does not matter.
+inline __m512i dot8(const __m512i* q, const int32_t* x) {
+  __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+  for (int t = 0; t < 8; t += 2) {
+    a = _mm512_dpbusd_epi32(a, q[t], _mm512_set1_epi32(x[t]));
+    b = _mm512_dpbusd_epi32(b, q[t + 1], _mm512_set1_epi32(x[t + 1]));
+  }
+  return _mm512_add_epi32(a, b);
+}
+
 // R rows (m0..) x one panel of 16 columns over all K: the panel's blocks are unpacked once per R rows.
 template <class F, int R, int DIGITS, class T>
 void rows_panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, int64_t K, const uint8_t* w,
@@ -113,13 +124,10 @@ void rows_panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const flo
     const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sc + b * S + COLS)));
     for (int r = 0; r < R; ++r) {
       const int32_t* x1 = (const int32_t*)(xq1 + r * K + b * BLOCK);
-      __m512i isum = _mm512_setzero_si512();
-      for (int t = 0; t < 8; ++t) isum = _mm512_dpbusd_epi32(isum, q[t], _mm512_set1_epi32(x1[t]));
+      __m512i isum = dot8(q, x1);
       if (DIGITS == 2) {  // sum q * X = 128 * sum q * xq1 + sum q * xq2, exact in int32
         const int32_t* x2 = (const int32_t*)(xq2 + r * K + b * BLOCK);
-        __m512i low = _mm512_setzero_si512();
-        for (int t = 0; t < 8; ++t) low = _mm512_dpbusd_epi32(low, q[t], _mm512_set1_epi32(x2[t]));
-        isum = _mm512_add_epi32(_mm512_slli_epi32(isum, 7), low);
+        isum = _mm512_add_epi32(_mm512_slli_epi32(isum, 7), dot8(q, x2));
       }
       const int64_t i = r * G + b;
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(dx[i])), acc[r]);
@@ -158,7 +166,7 @@ void multiply(const T* x, int64_t M, int64_t K, const uint8_t* w, const uint16_t
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p)
       panel<F, DIGITS, T>(xq1.data(), xq2.data(), dx.data(), sx.data(), M, K, w + p * G * F::W, sc + p * G * S,
-                       y + p * COLS, N);
+                          y + p * COLS, N);
   });
 }
 
