@@ -15,7 +15,7 @@ from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
 from .drafters import DRAFTERS
 from .layers import Linear, has_int8, int8_linears, own_kernel, row_chunks
-from .quant import quantize_q8
+from .quant import quantize_q4
 from .budget import PLAIN, DraftBudget, unpadded
 from .profile import load_or_measure
 from .target import Target
@@ -75,13 +75,15 @@ def resolve_head(target: Target, draft) -> Eagle3Head:
     w = target.model.embed_tokens.weight
     if has_int8(target.model):  # the head follows the target's format
         return int8_linears(draft.to(device=w.device, dtype=w.dtype).eval().pack())
-    if own_kernel(target.model):  # Q8_0 linears through the engine's kernel (eagle3/amx.py, eagle3/vnni.py), on a
+    if own_kernel(target.model):  # Q4_1 linears through the engine's kernel (eagle3/amx.py, eagle3/vnni.py), on a
         fresh = Eagle3Head(draft.config)  # copy: the caller's head keeps its weights (a packed one cannot be copied)
         fresh.load_state_dict(draft.state_dict())
         draft = fresh.to(device=w.device, dtype=w.dtype)
+        # Each draft step reads the head's ~10M weights from memory (the target's forward evicted them from cache):
+        # Q4_1 reads about half of Q8_0's bytes, and drafting only proposes, so the output stays the target's.
         for m in draft.modules():
-            if isinstance(m, Linear) and m.weight.shape[1] % 32 == 0:
-                quantize_q8(m)
+            if isinstance(m, Linear) and m.own_kernel_takes():
+                quantize_q4(m)
     return draft.to(device=w.device, dtype=w.dtype).eval().pack()
 
 

@@ -107,6 +107,10 @@ class Linear(nn.Module):
         self.fixed_chunk = None
         return True
 
+    def own_kernel_takes(self, group=32) -> bool:
+        """Whether set_int4 with groups of `group` would run one of the engine's own kernels (AMX, VNNI) here."""
+        return self._amx_runs(self.weight.shape, group) or self._vnni_runs(self.weight.shape, group)
+
     def _vnni_runs(self, shape, group) -> bool:
         """Whether the VNNI kernel takes this Linear's blocks: bf16 or fp32 on a CPU where it runs (set_int4 and set_q8
         ask AMX's first)."""

@@ -82,24 +82,14 @@ def load_q4_1(model, gguf_path) -> int:
 
 def quantize_q4(linear, group=32):
     """Re-quantise a dense Linear to int4 in Q4_1's form (per group: min and 15 steps up to max). Lossy: for targets
-    without a GGUF (opt-in, load_target(int4=True)) and for tests."""
+    without a GGUF (opt-in, load_target(int4=True)), for a draft head beside a target that runs an own kernel
+    (decoder.resolve_head: drafting only proposes) and for tests."""
     w = linear.weight.detach().float()
     g = w.view(w.shape[0], -1, group)
     lo, hi = g.amin(-1), g.amax(-1)
     d = ((hi - lo) / 15).clamp(min=1e-8)
     q = ((g - lo[..., None]) / d[..., None]).round().clamp(0, 15).view(w.shape)
     linear.set_int4(q.to(torch.int32), d, lo + 8 * d, group)
-
-
-def quantize_q8(linear) -> bool:
-    """Re-quantise a dense Linear to Q8_0 blocks (per 32 inputs: d = max|w| / 127, q = round(w / d)) where an own
-    kernel runs them (Linear.set_q8); returns whether it does. For a draft head beside such a target: half the bytes
-    of its bf16 weights per draft step; drafting only proposes, so the output stays the target's."""
-    w = linear.weight.detach().float()
-    g = w.view(w.shape[0], -1, 32)
-    d = (g.abs().amax(-1) / 127).half().float()  # as the GGUF stores it
-    q = torch.where(d[..., None] > 0, g / d[..., None], torch.zeros_like(g)).round().clamp(-127, 127)
-    return linear.set_q8(q.to(torch.int8).view(w.shape), d)
 
 
 def quantize_layers_q4(model) -> int:

@@ -107,8 +107,8 @@ def test_q8_kernel_computes_the_q8_0_product_with_invariant_rows(dtype):
 
 
 def test_the_draft_head_follows_the_targets_own_kernel(monkeypatch):
-    """Beside a target whose linears run an own kernel, the decoder's head gets Q8_0 linears (half its bf16 bytes per
-    draft step) on a copy: the caller's head keeps its weights, and decoding stays lossless."""
+    """Beside a target whose linears run an own kernel, the decoder's head gets Q4_1 linears (about a quarter of its
+    bf16 bytes per draft step) on a copy: the caller's head keeps its weights, and decoding stays lossless."""
     from eagle3 import Eagle3Head, HeadConfig
     from eagle3.decoder import resolve_head
 
