@@ -29,9 +29,10 @@ costs), as tokens per second relative to the profile's plain step at the round's
 bucket compare: a batch whose rows finish one by one measures its arms once, not again at 7, 6 and 5 rows, where
 each probe of a losing tree costs throughput (on the AVX512 EPYC trees lose by ~1/3 at batch 8). Once the
 model's choice and plain steps are measured, plan takes the best measured arm, after trying each neighbour of it
-(one level shallower or deeper, plain below depth 1) for `samples` rounds, and re-measures the stalest neighbour
-after `refresh` rounds, then after twice as many while the best arm stays the best (up to `max_explore`): the model
-picks where to start, measurements pick where to stay.
+(one level shallower or deeper, plain below depth 1) for `samples` rows' worth of rounds (at least 2), and
+re-measures the stalest neighbour after `refresh` rounds, then after twice as many while the best arm stays the best,
+and never so soon that such probes take more than PROBE_SHARE of the time (up to `max_explore`): the model picks where
+to start, measurements pick where to stay.
 """
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ from .tree import prune
 PLAIN = None  # no draft this round: one ordinary decode step for every row
 MODEL = "model"  # _measured_arm: the model decides (its choice is not measured yet)
 BINS = 10     # calibration bins over the draft score in [0, 1]
+PROBE_SHARE = 0.03  # most share of a bucket's time that re-measuring a losing arm may take
 
 
 def unpadded(nodes: int) -> int:
@@ -197,16 +199,19 @@ class DraftBudget:
         is unmeasured."""
         b = bucket(rows)
         m, now = self.measured.get(b, {}), self.clock[b]
-        if m.get(choice, [0, 0])[1] < self.samples:
+        # Enough rounds to trust an arm's speed: `samples` rows' worth, at least 2 (a round of many rows averages
+        # their accepted lengths already, and each probe of a losing tree at batch 32 costs several plain rounds).
+        enough = max(2, -(-self.samples // (2 ** (b - 1) + 1 if b else 1)))
+        if m.get(choice, [0, 0])[1] < enough:
             return MODEL
-        if m.get(PLAIN, [0, 0])[1] < self.samples:  # plain steps are the yardstick: measure them too
+        if m.get(PLAIN, [0, 0])[1] < enough:  # plain steps are the yardstick: measure them too
             return PLAIN
-        best = max(m, key=lambda a: m[a][0] if m[a][1] >= self.samples else -1.0)
+        best = max(m, key=lambda a: m[a][0] if m[a][1] >= enough else -1.0)
         arms = [PLAIN, *range(1, self.depth + 1)]
         i = arms.index(best)
         near = arms[max(i - 1, 0): i + 2]
         for a in near:  # a neighbour not yet measured enough
-            if m.get(a, [0, 0])[1] < self.samples:
+            if m.get(a, [0, 0])[1] < enough:
                 return a
         # Re-measure the stalest neighbour now and then (the landscape moves with the context and the prompts), less
         # often each time while the best arm stays the best.
@@ -214,8 +219,12 @@ class DraftBudget:
         if kept != best:
             wait = self.refresh
         if now - last >= wait:
-            self.refreshed[b] = (now, min(2 * wait, self.max_explore), best)
-            return min((a for a in near if a != best), key=lambda a: m[a][2])
+            stale = min((a for a in near if a != best), key=lambda a: m[a][2])
+            # The next look waits twice as long, and long enough that probes like this one (a losing tree with
+            # the head's catch-up costs several plain rounds at batch 32) stay a PROBE_SHARE of the time.
+            probe = m[stale][4] / max(m[best][4], 1e-9)
+            self.refreshed[b] = (now, min(max(2 * wait, round(probe / PROBE_SHARE)), self.max_explore), best)
+            return stale
         self.refreshed[b] = (last, wait, best)
         return best
 

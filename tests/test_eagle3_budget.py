@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3.budget import PLAIN, Calibration, DraftBudget, bucket, surest
+from eagle3.budget import MODEL, PLAIN, PROBE_SHARE, Calibration, DraftBudget, bucket, surest
 from eagle3.profile import Profile
 from eagle3.tree import from_nodes
 from eagle3.verify import Accepted
@@ -173,13 +173,27 @@ def test_measured_arms_settle_on_the_fastest_and_keep_checking_its_neighbours():
 
 def test_measured_plain_steps_win_over_a_model_that_predicts_trees():
     """The model drafts depth 2, but whole tree rounds of every depth measure slower than plain steps: after the
-    first samples nearly every round is plain, depth 1 re-measured after 10 rounds, then 20, 40, 80, ..."""
+    first samples nearly every round is plain, depth 1 re-measured after 10 rounds, then after twice as long each
+    time, and never so soon that its probes take more than PROBE_SHARE of the time."""
     budget = measured_budget()
-    taken = run(budget, 400, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0})
+    taken = run(budget, 1000, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0})
     late = taken[30:]
     assert set(late) <= {PLAIN, 1}
     gaps = np.diff([i for i, a in enumerate(late) if a == 1])
     assert len(gaps) >= 2 and (gaps[1:] >= 2 * gaps[:-1] - 1).all()  # each re-measurement waits twice as long
+    probe = (2 / 95.0) / (1 / 100.0)  # a depth-1 round's seconds in plain rounds
+    assert (gaps >= probe / PROBE_SHARE - 1).all()
+
+
+def test_arms_of_many_rows_are_trusted_after_fewer_rounds():
+    """`samples` counts rows' worth of rounds: at 32 rows two rounds of each arm are enough (each averages 32 rows'
+    accepted lengths, and a probe of a losing tree costs several plain rounds there); at batch 1 they are not."""
+    budget = DraftBudget((2, 4, 8), CPU_LIKE)  # samples=8
+    measured = {PLAIN: [1.0, 2, 0, 1, 1], 1: [0.7, 2, 0, 1, 1], 2: [0.5, 2, 0, 1, 1]}
+    budget.clock = {bucket(32): 1, bucket(1): 1}
+    budget.measured = {bucket(32): dict(measured), bucket(1): dict(measured)}
+    assert budget._measured_arm(32, 2) is PLAIN
+    assert budget._measured_arm(1, 2) == MODEL
 
 
 def test_measured_tree_rounds_overrule_a_plan_that_predicts_plain_steps():

@@ -32,6 +32,18 @@ def test_greedy_matches_vanilla_on_random_prompts(target, tree):
         assert dec.last_stats["target_forwards"] < sum(r.stats["target_forwards"] for r in vanilla) or tree["depth"] == 1
 
 
+def speculation_matches_vanilla(target, batch, seed):
+    """Greedy speculative decoding of 40 random prompts at `batch` with a 16-node tree gives vanilla's tokens, with
+    multi-token rounds; returns the decoder."""
+    dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
+    prompts = random_prompts(40, target.config.vocab_size, seed=seed)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
+    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert dec.last_stats["accept_length"] > 1.15
+    return dec
+
+
 @pytest.mark.parametrize("kernel", ["own", "own, 1 digit", "torch"])
 @pytest.mark.parametrize("batch", [1, 5])
 def test_greedy_matches_vanilla_in_bf16_with_int4(batch, kernel, monkeypatch):
@@ -52,12 +64,7 @@ def test_greedy_matches_vanilla_in_bf16_with_int4(batch, kernel, monkeypatch):
     used = "amx" if down._amx is not None else "vnni" if down._vnni is not None else "torch"
     assert used == ("amx" if amx.available() else "vnni" if vnni.available() else "torch")
     assert used != "vnni" or down._vnni[2] == (1 if kernel == "own, 1 digit" else 2)
-    dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
-    prompts = random_prompts(40, target.config.vocab_size, seed=3)
-    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
-    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
-    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
-    assert dec.last_stats["accept_length"] > 1.15
+    speculation_matches_vanilla(target, batch, seed=3)
 
 
 @pytest.mark.skipif(not vnni.available(), reason="this CPU has no AVX512-VNNI")
@@ -68,12 +75,7 @@ def test_greedy_matches_vanilla_in_fp32_with_the_vnni_kernel(batch):
     target = small_vocab_target(dtype=torch.float32, int4=True)
     assert target.model.layers[0].mlp.down_proj._vnni is not None
     assert target.model.new_cache(1, 4).dtype == (torch.float32 if attention.available() else torch.float64)
-    dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
-    prompts = random_prompts(40, target.config.vocab_size, seed=7)
-    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
-    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
-    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
-    assert dec.last_stats["accept_length"] > 1.15
+    speculation_matches_vanilla(target, batch, seed=7)
 
 
 @pytest.mark.parametrize("batch", [1, 5])
@@ -84,13 +86,8 @@ def test_greedy_matches_vanilla_with_int8(batch):
     target = small_vocab_target(dtype=torch.float32, int8=True)
     assert target.model.layers[0].mlp.down_proj._int8 is not None and target.model.lm_head._int8 is not None
     assert target.model.new_cache(1, 4).dtype == (torch.float32 if attention.available() else torch.float64)
-    dec = decoder_for(target, parallel_degree=4, depth=5, total_tokens=16)
+    dec = speculation_matches_vanilla(target, batch, seed=5)
     assert dec.head.fc._int8 is not None  # the head follows the target's weights
-    prompts = random_prompts(40, target.config.vocab_size, seed=5)
-    vanilla = dec.generate_ids(prompts, max_new_tokens=24, speculative=False, batch_size=1)
-    spec = dec.generate_ids(prompts, max_new_tokens=24, batch_size=batch)
-    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
-    assert dec.last_stats["accept_length"] > 1.15
 
 
 def test_full_tree_accepts_every_level(target):
