@@ -64,9 +64,9 @@ inline void store16(uint16_t* y, __m512 v) {
   _mm256_storeu_si256((__m256i*)y, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
-// x [M, K] (bf16 or fp32) -> per block of 32 (rows independent): digits xq1 (and xq2) int8 [M, K], dx and sx [M, K/32] fp32,
-// with x ~ X * dx, X = xq1 (one digit) or 128 * xq1 + xq2 (two: xq2 = round(128 * (x / step - xq1)), |xq2| <= 64),
-// sx = dx * sum X, step = max|x| / 127.
+// x [M, K] (bf16 or fp32) -> per block of 32 (rows independent): digits xq1 (and xq2) int8 [M, K], dx and sx
+// [M, K/32] fp32, with x ~ X * dx, X = xq1 (one digit) or 128 * xq1 + xq2 (two: xq2 = round(128 * (x / step - xq1)),
+// |xq2| <= 64), sx = dx * sum X, step = max|x| / 127.
 template <int DIGITS, class T>
 void quantise(const T* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2, float* dx, float* sx) {
   for (int64_t i = 0; i < M * K / BLOCK; ++i) {
