@@ -55,6 +55,11 @@ def bucket(rows: int) -> int:
     return (rows - 1).bit_length()
 
 
+def fewest_rows(b: int) -> int:
+    """The smallest row count of bucket b: 1, 2, 3, 5, 9, ..."""
+    return 2 ** (b - 1) + 1 if b else 1
+
+
 class Calibration:
     """P(accepted | depth, score bin), by counting verified nodes. A bin with few counts leans on `prior`
     pseudo-nodes at the raw score scaled by how the drafter's scores held up at that depth so far (accepted / sum of
@@ -201,7 +206,7 @@ class DraftBudget:
         m, now = self.measured.get(b, {}), self.clock[b]
         # Enough rounds to trust an arm's speed: `samples` rows' worth, at least 2 (a round of many rows averages
         # their accepted lengths already, and each probe of a losing tree at batch 32 costs several plain rounds).
-        enough = max(2, -(-self.samples // (2 ** (b - 1) + 1 if b else 1)))
+        enough = max(2, -(-self.samples // fewest_rows(b)))
         if m.get(choice, [0, 0])[1] < enough:
             return MODEL
         if m.get(PLAIN, [0, 0])[1] < enough:  # plain steps are the yardstick: measure them too
@@ -321,7 +326,7 @@ class DraftBudget:
         """{batch-size bucket: {depth or "plain": share of rounds}}, for logs and benchmarks."""
         out = {}
         for (b, d), n in sorted(self.used.items(), key=lambda x: (x[0][0], -1 if x[0][1] is None else x[0][1])):
-            label = f"{2 ** (b - 1) + 1}-{2 ** b}" if b > 1 else str(b + 1)
+            label = f"{fewest_rows(b)}-{2 ** b}" if b > 1 else str(fewest_rows(b))
             out.setdefault(label, {})["plain" if d is None else f"depth {d}"] = n
         for label, counts in out.items():
             total = sum(counts.values())
