@@ -394,7 +394,8 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     hardware on a CPU with AVX512-VNNI, eagle3/vnni.py). True for another model
     re-quantises its layers (lossy: no longer exactly that checkpoint). int8: fbgemm int8 linears for fp32 on x86
     (layers.int8_linears), ~1.7x faster decoding at batch 1 on AVX2-only CPUs (even at 8, slower at 32: README);
-    None = EAGLE3_INT8 if set, else on where the hardware picked fp32 and int4 is off (an explicit dtype="float32" stays exact).
+    None = EAGLE3_INT8 if set, else on where the hardware picked fp32 and int4 is off (an explicit dtype="float32"
+    stays exact).
     Like int4 it changes the model a little: greedy choices along fp32's outputs agree ~97%
     (bench/results/drift_avx2.md)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
