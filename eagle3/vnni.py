@@ -49,7 +49,8 @@ def available() -> bool:
 
     if os.environ.get("EAGLE3_VNNI", "1") == "0" or not {"avx512_vnni", "avx512bw"} <= cpu_flags():
         return False
-    if not build("eagle3_vnni", SOURCE, "using torch's int4 kernel (fbgemm's int8 in fp32)", FLAGS):  # no compiler, or no such intrinsics
+    # no compiler, or one without these intrinsics
+    if not build("eagle3_vnni", SOURCE, "using torch's int4 kernel (fbgemm's int8 in fp32)", FLAGS):
         return False
     for op in ("q4_mm", "q8_mm"):
         torch.library.register_fake(f"eagle3_vnni::{op}")(
