@@ -45,13 +45,13 @@ def build(fmt, shapes, layers):
                     return None
                 lin.to(torch.bfloat16).pack()
             elif fmt.startswith("int4"):
-                own_vnni = fmt in (VNNI, VNNI_FP32)
-                if fmt == AMX and not amx.available() or own_vnni and not vnni.available():
+                build = VNNI_BUILDS.get(fmt)
+                if fmt == AMX and not amx.available() or build and not vnni.builds(build):
                     return None
-                if fmt != VNNI_FP32:
+                if fmt not in (VNNI_FP32, AVX2_FP32):
                     lin.to(torch.bfloat16)
                 with patch.object(amx, "available", return_value=fmt == AMX), \
-                        patch.object(vnni, "available", return_value=own_vnni):  # torch's kernel or an own one
+                        patch.object(vnni, "kind", return_value=build):  # torch's kernel or an own one
                     quantize_q4(lin)
             elif fmt.startswith("int8"):
                 if not int8.supported(lin.weight):
@@ -66,7 +66,9 @@ KERNEL_ONLY = "int8 kernel alone (no per-row scaling ops)"
 AMX = "int4 (the engine's AMX kernel, eagle3/amx.py)"
 VNNI = "int4 x int8 activations (the engine's VNNI kernel, eagle3/vnni.py)"
 VNNI_FP32 = "int4 x int8 activations, fp32 rows in and out (the VNNI kernel on CPUs without AVX512-BF16)"
-FORMATS = ("fp32 (oneDNN)", "bf16 (oneDNN)", "int4 (torch's kernel)", AMX, VNNI, VNNI_FP32,
+AVX2_FP32 = "int4 x int8 activations, fp32 rows in and out (the VNNI kernel's AVX2 build, CPUs with AVX2 alone)"
+VNNI_BUILDS = {VNNI: "vnni", VNNI_FP32: "vnni", AVX2_FP32: "avx2"}
+FORMATS = ("fp32 (oneDNN)", "bf16 (oneDNN)", "int4 (torch's kernel)", AMX, VNNI, VNNI_FP32, AVX2_FP32,
            "int8 (fbgemm, per-row activations)", KERNEL_ONLY)
 
 

@@ -58,8 +58,8 @@ class Linear(nn.Module):
         self._packed = None
         self._int4 = None  # (packed weight, scales_and_zeros, group size)
         self._amx = None  # (packed weight, fp16 scales) for the AMX kernel (eagle3/amx.py): Q4_1 layers, Q8_0 lm_head
-        self._vnni = None  # (packed weight, fp16 scales, digits) for the VNNI kernel (eagle3/vnni.py): Q4_1 layers,
-        # Q8_0 lm_head
+        self._vnni = None  # (packed weight, fp16 scales, digits, build) for the VNNI kernel or its AVX2 build
+        # (eagle3/vnni.py): Q4_1 layers, Q8_0 lm_head
         self._int8 = None  # handle of fbgemm's packed int8 weight (eagle3/int8.py)
         self._int8_digits = 1
         self.chunkable = False  # follows layers.row_chunks (the target's linears)
@@ -81,7 +81,8 @@ class Linear(nn.Module):
             self._set_dense(amx.dense(q, scale, minimum, dt))
             return
         if self._vnni_runs(q.shape, group):
-            self._vnni, self._int4 = (*(t.to(dev) for t in vnni.pack_q4(q, scale, minimum)), vnni.digits()), None
+            packed = tuple(t.to(dev) for t in vnni.pack_q4(q, scale, minimum))
+            self._vnni, self._int4 = (*packed, vnni.digits(), vnni.kind()), None
             self._set_dense(amx.dense(q, scale, minimum, dt))
             return
         scale, zero = scale.to(dt).float(), zero.to(dt).float()  # rounded as the kernel stores them
@@ -100,7 +101,7 @@ class Linear(nn.Module):
         if self._amx_runs(q.shape, 32):
             self._amx = tuple(t.to(dev) for t in amx.pack_q8(q, d))
         elif self._vnni_runs(q.shape, 32):
-            self._vnni = (*(t.to(dev) for t in vnni.pack_q8(q, d)), vnni.digits())
+            self._vnni = (*(t.to(dev) for t in vnni.pack_q8(q, d)), vnni.digits(), vnni.kind())
         else:
             return False
         self._set_dense(amx.dense(q, d, dtype=self.weight.dtype))
@@ -212,9 +213,10 @@ def weight_format(model) -> str:
     report should name."""
     if has_amx(model):
         return "int4 (AMX kernel)"
-    vnni_digits = {m._vnni[2] for m in model.modules() if isinstance(m, Linear) and m._vnni is not None}
-    if vnni_digits:
-        return "int4 (VNNI kernel)" if vnni_digits == {2} else f"int4 (VNNI kernel, {min(vnni_digits)}-digit activations)"
+    vnni_runs = {m._vnni[2:] for m in model.modules() if isinstance(m, Linear) and m._vnni is not None}
+    if vnni_runs:
+        digits, build = min(vnni_runs)
+        return f"int4 ({vnni.name(build)})" if digits == 2 else f"int4 ({vnni.name(build)}, {digits}-digit activations)"
     if has_int4(model):
         return "int4"
     return "int8" if has_int8(model) else str(model.embed_tokens.weight.dtype).removeprefix("torch.")

@@ -28,8 +28,11 @@ import torch
 
 from .attention import build
 
-SOURCE = Path(__file__).parent / "kernels" / "vnni_mm.cpp"
-FLAGS = ["-mavx512bw", "-mavx512vnni", "-mf16c"]  # beyond AVX-512's (attention.build)
+KERNELS = {  # build -> (source, flags beyond AVX-512's or AVX2's (attention.build), CPU flags it needs)
+    "vnni": (Path(__file__).parent / "kernels" / "vnni_mm.cpp", ["-mavx512bw", "-mavx512vnni", "-mf16c"],
+             {"avx512_vnni", "avx512bw"}),
+    "avx2": (Path(__file__).parent / "kernels" / "avx2_mm.cpp", ["-mavx2", "-mfma", "-mf16c"], {"avx2", "fma", "f16c"}),
+}
 COLUMNS, BLOCK = 16, 32  # output columns per packed panel; inputs per Q4_1 block
 
 
@@ -42,25 +45,49 @@ def digits() -> int:
     return int(value)
 
 
-@lru_cache(maxsize=1)
-def available() -> bool:
-    """Whether q4 linears run this kernel here: the CPU has the extensions, EAGLE3_VNNI is not 0, and it builds."""
+@lru_cache(maxsize=None)
+def builds(name: str) -> bool:
+    """Whether this CPU has what build `name` needs and it builds (no compiler, or one without the intrinsics: no)."""
     from .hardware import cpu_flags
 
-    if os.environ.get("EAGLE3_VNNI", "1") == "0" or not {"avx512_vnni", "avx512bw"} <= cpu_flags():
+    source, flags, needs = KERNELS[name]
+    if not needs <= cpu_flags():
         return False
-    # no compiler, or one without these intrinsics
-    if not build("eagle3_vnni", SOURCE, "using torch's int4 kernel (fbgemm's int8 in fp32)", FLAGS):
+    if not build(f"eagle3_{name}", source, "using torch's int4 kernel (fbgemm's int8 in fp32)", flags):
         return False
     for op in ("q4_mm", "q8_mm"):
-        torch.library.register_fake(f"eagle3_vnni::{op}")(
+        torch.library.register_fake(f"eagle3_{name}::{op}")(
             lambda x, w, scales, digits: x.new_empty(x.shape[0], w.shape[0] * COLUMNS))
     return True
 
 
+@lru_cache(maxsize=1)
+def kind() -> str | None:
+    """The build q4 linears run here: "vnni" where the CPU has AVX512-VNNI, else "avx2" (the same bits, fp32 only);
+    None where neither runs. EAGLE3_VNNI=0: none; EAGLE3_VNNI=avx2: the AVX2 build even where VNNI runs (to compare)."""
+    choice = os.environ.get("EAGLE3_VNNI", "1")
+    if choice == "0":
+        return None
+    for name in (("avx2",) if choice == "avx2" else ("vnni", "avx2")):
+        if builds(name):
+            return name
+    return None
+
+
+def available() -> bool:
+    """Whether q4 linears run one of the kernel's builds here."""
+    return kind() is not None
+
+
+def name(build: str | None = None) -> str:
+    """What reports call a build (default: the one that runs): "VNNI kernel" or "AVX2 kernel"."""
+    return f"{(build or kind() or 'vnni').upper()} kernel"
+
+
 def takes(weight: torch.Tensor) -> bool:
-    """Whether a Linear with this dense weight runs the kernel: bf16 or fp32 on a CPU where it runs."""
-    return weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float32) and available()
+    """Whether a Linear with this dense weight runs the kernel: fp32 (or bf16 with VNNI) on a CPU where it runs."""
+    dtypes = (torch.bfloat16, torch.float32) if kind() == "vnni" else (torch.float32,)
+    return weight.device.type == "cpu" and weight.dtype in dtypes and available()
 
 
 def fits(out_features: int, in_features: int, group: int) -> bool:
@@ -114,8 +141,10 @@ def quantise(x: torch.Tensor, digits: int = 2):
     return (q1.int() * 128 + q2.int()).reshape(x.shape), step / 128.0
 
 
-def mm(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, digits: int = 2) -> torch.Tensor:
-    """x [..., K] bf16 or fp32 @ a packed weight^T (Q4_1 or Q8_0) -> [..., N] in x's dtype, activations in `digits` int8 digits."""
-    op = torch.ops.eagle3_vnni.q4_mm if is_q4(weights) else torch.ops.eagle3_vnni.q8_mm
+def mm(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, digits: int = 2, build: str | None = None):
+    """x [..., K] bf16 or fp32 @ a packed weight^T (Q4_1 or Q8_0) -> [..., N] in x's dtype, activations in `digits`
+    int8 digits, through `build` (kind(): the one that runs here)."""
+    library = getattr(torch.ops, f"eagle3_{build or kind()}")
+    op = library.q4_mm if is_q4(weights) else library.q8_mm
     y = op(x.reshape(-1, x.shape[-1]), weights, scales, digits)
     return y.view(*x.shape[:-1], -1)

@@ -103,6 +103,21 @@ def q4_linear(k=576, n=192, group=32, dtype=torch.bfloat16):
     return lin
 
 
+def pick_avx2_build(monkeypatch):
+    """From here to the test's end the engine picks the VNNI kernel's AVX2 build (EAGLE3_VNNI=avx2), as a CPU with AVX2
+    alone does; skips the test where that build does not run."""
+    import functools
+
+    import pytest
+
+    from eagle3 import vnni
+
+    if not vnni.builds("avx2"):
+        pytest.skip("the kernel's AVX2 build does not run on this CPU")
+    monkeypatch.setenv("EAGLE3_VNNI", "avx2")
+    monkeypatch.setattr(vnni, "kind", functools.lru_cache(maxsize=1)(vnni.kind.__wrapped__))  # undone after the test
+
+
 def compiled_gives_eager_bits(lin) -> bool:
     """Whether a compiled graph around the Linear returns the eager call's bits (its kernel's fake and real op agree)."""
     f = torch.compile(lambda x: lin(x) * 2, dynamic=True)

@@ -6,7 +6,7 @@ import torch
 from eagle3 import SpeculativeDecoder, attention, load_target, vnni
 from eagle3.budget import PLAIN
 from eagle3.profile import Profile
-from eagle3_helpers import ScriptedBudget, decoder_for, random_prompts, small_vocab_target
+from eagle3_helpers import ScriptedBudget, decoder_for, pick_avx2_build, random_prompts, small_vocab_target
 
 TREES = [dict(parallel_degree=1, depth=1, total_tokens=2), dict(parallel_degree=2, depth=3, total_tokens=6),
          dict(parallel_degree=4, depth=5, total_tokens=16), dict(parallel_degree=3, depth=6, total_tokens=30)]
@@ -67,13 +67,16 @@ def test_greedy_matches_vanilla_in_bf16_with_int4(batch, kernel, monkeypatch):
     speculation_matches_vanilla(target, batch, seed=3)
 
 
-@pytest.mark.skipif(not vnni.available(), reason="this CPU has no AVX512-VNNI")
+@pytest.mark.skipif(not vnni.available(), reason="this CPU has neither AVX512-VNNI nor AVX2")
+@pytest.mark.parametrize("build", ["own", "avx2"])
 @pytest.mark.parametrize("batch", [1, 5])
-def test_greedy_matches_vanilla_in_fp32_with_the_vnni_kernel(batch):
-    """CPUs with AVX512-VNNI but no BF16 run fp32 with the VNNI kernel's Q4_1 linears: rows quantised on their own,
-    integer sums, row-invariant attention, so lossless as the bf16 path."""
+def test_greedy_matches_vanilla_in_fp32_with_the_vnni_kernel(batch, build, monkeypatch):
+    """CPUs without AVX512-BF16 run fp32 with the VNNI kernel's Q4_1 linears (its AVX2 build on CPUs with AVX2 alone):
+    rows quantised on their own, integer sums, row-invariant attention, so lossless as the bf16 path."""
+    if build == "avx2":
+        pick_avx2_build(monkeypatch)
     target = small_vocab_target(dtype=torch.float32, int4=True)
-    assert target.model.layers[0].mlp.down_proj._vnni is not None
+    assert target.model.layers[0].mlp.down_proj._vnni[3] == vnni.kind()
     assert target.model.new_cache(1, 4).dtype == (torch.float32 if attention.available() else torch.float64)
     speculation_matches_vanilla(target, batch, seed=7)
 

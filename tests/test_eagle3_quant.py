@@ -117,9 +117,9 @@ def test_int8_activations_do_not_saturate_and_a_second_weight_digit_is_near_exac
 
 
 def test_int8_is_the_default_where_the_hardware_picks_fp32(monkeypatch):
-    """Without native bf16 the engine runs fp32 with the Q4_1 layers through the VNNI kernel where the CPU has
-    AVX512-VNNI, and int8 (fbgemm) elsewhere, unless told otherwise: EAGLE3_INT8=0, int8=False, or an explicit fp32
-    dtype (the exact reference). Asking for int8 where fbgemm cannot run it is an error."""
+    """Without native bf16 the engine runs fp32 with the Q4_1 layers through the VNNI kernel (its AVX2 build on CPUs
+    with AVX2 alone), and int8 (fbgemm) where neither build runs, unless told otherwise: EAGLE3_INT8=0, int8=False,
+    or an explicit fp32 dtype (the exact reference). Asking for int8 where fbgemm cannot run it is an error."""
     from eagle3 import hardware, vnni
     from eagle3.layers import has_int8, weight_format
 
@@ -127,8 +127,8 @@ def test_int8_is_the_default_where_the_hardware_picks_fp32(monkeypatch):
     monkeypatch.delenv("EAGLE3_INT8", raising=False)
     monkeypatch.delenv("EAGLE3_INT4", raising=False)
     monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)  # the hardware picks fp32
-    assert weight_format(load_target().model) == ("int4 (VNNI kernel)" if vnni.available() else "int8")
-    monkeypatch.setattr(vnni, "available", lambda: False)  # an AVX2-only CPU
+    assert weight_format(load_target().model) == (f"int4 ({vnni.name()})" if vnni.available() else "int8")
+    monkeypatch.setattr(vnni, "available", lambda: False)  # EAGLE3_VNNI=0, or no compiler
     assert has_int8(load_target().model)
     assert not has_int8(load_target(int8=False).model)
     assert not has_int8(load_target(dtype="float32").model)
