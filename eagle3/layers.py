@@ -45,7 +45,8 @@ class Linear(nn.Module):
       bits however many rows share the call, and oneDNN's does not (its K=1536 down projection rounds differently at
       1 and 64 rows), which in bf16 is enough to make a speculative decode drift from a plain one. The dense weight
       is set to the same values (training, fallback).
-    - int8 weights with int8 activations (fbgemm), on CPUs without native bf16 (AVX2): per output channel int8 weights,
+    - int8 weights with int8 activations (fbgemm), for fp32 where no build of the VNNI kernel runs (eagle3/vnni.py
+      serves CPUs with AVX2 alone too; EAGLE3_VNNI=0, no compiler): per output channel int8 weights,
       each activation row quantised on its own (eagle3/int8.py), so a row gets the same bits whatever else shares the
       call (integer sums are exact). A quarter of fp32's bytes, but each row goes in as two digits, so the GEMM is
       cheap at a row or two and compute-bound from ~8 rows (bench/results/linears.md).

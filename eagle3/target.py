@@ -391,11 +391,10 @@ def load_target(name: str = DEFAULT_TARGET, device: str | None = None, dtype=Non
     dtype: None picks by hardware (eagle3.hardware.default_dtype: EAGLE3_DTYPE, else bf16 on CUDA and on CPUs with
     native bf16, else fp32). int4: the default target's Q4_1 weights as int4 linears (quant.py);
     None = EAGLE3_INT4 if set, else on wherever an int4 kernel has a fast path (bf16 on a CPU; fp32 picked by the
-    hardware on a CPU with AVX512-VNNI, eagle3/vnni.py). True for another model
+    hardware on a CPU where the VNNI kernel or its AVX2 build runs, eagle3/vnni.py). True for another model
     re-quantises its layers (lossy: no longer exactly that checkpoint). int8: fbgemm int8 linears for fp32 on x86
-    (layers.int8_linears), ~1.7x faster decoding at batch 1 on AVX2-only CPUs (even at 8, slower at 32: README);
-    None = EAGLE3_INT8 if set, else on where the hardware picked fp32 and int4 is off (an explicit dtype="float32"
-    stays exact).
+    (layers.int8_linears); None = EAGLE3_INT8 if set, else on where the hardware picked fp32 and int4 is off (no
+    build of the VNNI kernel runs; an explicit dtype="float32" stays exact).
     Like int4 it changes the model a little: greedy choices along fp32's outputs agree ~97%
     (bench/results/drift_avx2.md)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -436,8 +435,8 @@ def build_model(config: TargetConfig, hf_state: dict, device, dtype) -> LlamaMod
 
 
 def _want_int4(int4, model, hardware_picks) -> bool:
-    """By default wherever an int4 kernel has a fast path: torch's (bf16 on a CPU), or the VNNI one where the hardware
-    picked fp32 (an explicit dtype="float32" stays exact)."""
+    """By default wherever an int4 kernel has a fast path: torch's (bf16 on a CPU), or the VNNI one (either build) where
+    the hardware picked fp32 (an explicit dtype="float32" stays exact)."""
     w = model.embed_tokens.weight
     fast = int4_supported(w) or hardware_picks and w.dtype == torch.float32 and vnni.takes(w)
     return _want("EAGLE3_INT4", int4, fast)

@@ -1,7 +1,9 @@
-"""The target's Q4_1 linears on CPUs with AVX512-VNNI but no AMX: an own kernel (kernels/vnni_mm.cpp) that multiplies
-the GGUF's 4-bit blocks by 8-bit activation blocks in integers, as llama.cpp does. Activations and outputs are the
-engine's dtype: bf16 where the CPU has AVX512-BF16, fp32 where it has VNNI alone (Cascade Lake, Ice Lake), which
-before this ran fbgemm's int8 linears (eagle3/int8.py).
+"""The target's Q4_1 linears on CPUs without AMX: an own kernel (kernels/vnni_mm.cpp) that multiplies the GGUF's 4-bit
+blocks by 8-bit activation blocks in integers, as llama.cpp does. Activations and outputs are the engine's dtype:
+bf16 where the CPU has AVX512-BF16, fp32 where it has VNNI alone (Cascade Lake, Ice Lake), which before this ran
+fbgemm's int8 linears (eagle3/int8.py). Its AVX2 build (kernels/avx2_mm.cpp) serves CPUs with AVX2 alone, fp32: the
+same packed blocks and digits, the same integer sums and float operations, so the same bits, with vpmaddubsw and
+vpmaddwd for vpdpbusd (about twice the instructions per product; bench/results/linears_avx2_build.md).
 
 Why (layers): torch's int4 kernel dequantises every weight to float, once per 4 rows, so a forward's linears cost 5.5
 ms at 1 row, 13.0 at 8 and 23.5 at 16 on the 2-core AVX512 EPYC (bench/results/linears_vnni.md): a verify forward of
@@ -17,9 +19,10 @@ faster from a few rows on (bench/results/peers_avx512_digits1.md) but drifted fr
 (bench/results/drift_vnni.md). Integer sums are exact and blocks are added in one order, so a row's bits do not
 depend on the rows beside it, as verification needs.
 
-Built at first use by torch.utils.cpp_extension (~10 s; cached under TORCH_EXTENSIONS_DIR). Used where the CPU has
-AVX512-VNNI and AVX512-BW, the AMX kernel does not run (eagle3/amx.py) and the kernel builds;
-EAGLE3_VNNI=0 turns it off (torch's int4 kernel then runs in bf16, fbgemm's int8 one in fp32)."""
+Built at first use by torch.utils.cpp_extension (~10 s; cached under TORCH_EXTENSIONS_DIR). Used where the AMX kernel
+does not run (eagle3/amx.py) and a build does: the VNNI one where the CPU has AVX512-VNNI and AVX512-BW, else the AVX2
+one (fp32 weights); EAGLE3_VNNI=0 turns both off (torch's int4 kernel then runs in bf16, fbgemm's int8 one in fp32),
+EAGLE3_VNNI=avx2 picks the AVX2 build anywhere (to measure what a CPU with AVX2 alone runs)."""
 import os
 from functools import lru_cache
 from pathlib import Path
