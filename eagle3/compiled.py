@@ -109,7 +109,11 @@ def available(model) -> bool:
     """Whether compiled steps may run for this target: not switched off, and linears the compiler can trace."""
     if os.environ.get("EAGLE3_COMPILE", "1").lower() in ("0", "false", "no", "off"):
         return False
-    return model.embed_tokens.weight.device.type == "cuda" or has_int4(model) or has_int8(model)
+    if model.embed_tokens.weight.device.type == "cuda" or has_int4(model):
+        return True
+    # fbgemm int8 steps compiled with inductor's AVX-512 code corrupted the heap on the default target (2-core
+    # AVX512-BF16 EPYC, 2026-12-07: "malloc(): unaligned tcache chunk"; fine with ATEN_CPU_CAPABILITY=avx2 and eager)
+    return has_int8(model) and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2")
 
 
 @contextlib.contextmanager

@@ -93,6 +93,10 @@ def test_speculation_in_compiled_steps_matches_vanilla(int4_target, drafter, bat
 def test_compiled_steps_are_chosen_per_call_and_can_be_switched_off(int4_target, monkeypatch):
     assert compiled.available(int4_target.model)
     assert not compiled.available(small_vocab_target().model)  # fp64 on a CPU: no int4, the eager path
+    int8 = small_vocab_target(dtype=torch.float32, int8=True).model  # compiled only with AVX2 code (compiled.py)
+    assert compiled.available(int8) == (torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert compiled.available(int8)
     monkeypatch.setenv("EAGLE3_COMPILE", "0")
     assert not compiled.available(int4_target.model)
     assert compiled.steps((1, 1)) is compiled.EAGER  # outside compiled_steps()
