@@ -33,6 +33,7 @@ from eagle3.target import default_gguf
 FORMATS = {"int4": ": the GGUF Q4_1 blocks through torch's int4 kernel",
            "int4 (AMX kernel)": ": the GGUF Q4_1 blocks and Q8_0 lm_head through the engine's AMX kernel (eagle3/amx.py)",
            "int4 (VNNI kernel)": ": the GGUF Q4_1 blocks and Q8_0 lm_head through the engine's VNNI kernel (eagle3/vnni.py)",
+           "int4 (AVX2 kernel)": ": the GGUF Q4_1 blocks and Q8_0 lm_head through the VNNI kernel's AVX2 build (eagle3/vnni.py)",
            "int8": ": int8 weights through fbgemm, per-row int8 activations"}
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -56,7 +56,8 @@ def builds(name: str) -> bool:
     source, flags, needs = KERNELS[name]
     if not needs <= cpu_flags():
         return False
-    if not build(f"eagle3_{name}", source, "using torch's int4 kernel (fbgemm's int8 in fp32)", flags):
+    fallback = "trying its AVX2 build" if name == "vnni" else "using torch's int4 kernel (fbgemm's int8 in fp32)"
+    if not build(f"eagle3_{name}", source, fallback, flags):
         return False
     for op in ("q4_mm", "q8_mm"):
         torch.library.register_fake(f"eagle3_{name}::{op}")(
