@@ -2,6 +2,8 @@
 # Build llama.cpp's llama-bench and llama-batched-bench for bench.peers, from the llama-cpp-python sdist pinned in
 # requirements-bench.txt (it vendors llama.cpp), into ../peer/ beside the project (never committed). ~6 min on 2 cores.
 #   bash bench/build_llama_cpp.sh            -> prints the binaries' directory for --llama-bin
+#   bash bench/build_llama_cpp.sh avx2       -> the same for a build limited to AVX2 (build-avx2/): the peer of the
+#                                               engine run as on an AVX2-only CPU (bench/formats.py says how)
 # Some virtual machines report AMX but stop its tile instructions (llama.cpp's prompt and batch paths then die with
 # SIGILL while its batch-1 decode runs): the build is smoke-tested on a short prompt and, if it dies, built again
 # with ggml's AMX kernels off (build-noamx/), so batch rows are measured too.
@@ -30,6 +32,12 @@ if [ ! -d "$src" ]; then
   mkdir -p "$dest"
   python -m pip download --quiet --no-deps --no-binary :all: "$spec" -d "$dest"
   tar xzf "$dest/llama_cpp_python-$ver.tar.gz" -C "$dest"
+fi
+if [ "${1:-}" = avx2 ]; then
+  build build-avx2 -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+  works build-avx2 || { echo "llama.cpp's build-avx2 fails" >&2; exit 1; }
+  echo "$src/build-avx2/bin"
+  exit 0
 fi
 build build
 if works build; then

@@ -105,17 +105,10 @@ def main():
     write(a, machine, loaded, kinds, rows)
 
 
-def narrowed() -> str:
-    """The ISA limits this run set (the docstring's emulation of a narrower CPU), for the report."""
-    env = [f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
-           if os.environ.get(k)]
-    return f" Kernels narrowed by {' '.join(env)}." if env else ""
-
-
 def write(a, machine, loaded, kinds, rows):
     base = kinds[0]
     lines = [f"# Decode speed by weight format ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
-             f"Machine: {machine}.{narrowed()}",
+             f"Machine: {machine}.",
              f"{a.max_new_tokens} new tokens per sequence, held-out chat prompts; decode tok/s (prefill excluded), median "
              f"of {a.reps} alternated repetitions; ratios against {base[0]}. `python -m bench.formats` wrote this file.",
              "", "Formats as loaded: " + "; ".join(f"{n}: {f}" for n, f in loaded.items()),

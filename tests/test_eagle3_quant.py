@@ -61,7 +61,11 @@ def test_dtype_follows_the_hardware_and_the_override(monkeypatch):
     assert hardware.default_dtype("cpu") == torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         hardware.parse_dtype("int3")
-    assert "flags" in hardware.describe()
+    for var in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS"):
+        monkeypatch.delenv(var, raising=False)
+    assert "flags" in hardware.describe() and "narrowed" not in hardware.describe()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # a run that limits kernels says so in its report
+    assert hardware.describe().endswith("kernels narrowed by ONEDNN_MAX_CPU_ISA=AVX2")
 
 
 def test_int8_linear_gives_each_row_the_same_bits_at_any_row_count():
