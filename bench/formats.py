@@ -8,9 +8,10 @@ Formats (those this CPU cannot run are left out):
 - fp32 + int4 (AVX2 build), fp32 + int4 (VNNI build): the GGUF's Q4_1 blocks through the VNNI kernel's builds
   (eagle3/vnni.py), fp32 activations;
 - bf16 + int4 (VNNI build), bf16 + int4 (AMX kernel): the bf16 engine's own kernels where the CPU has them.
-Each format is a full engine (target, draft head, compiled steps where they run) in its own process, loaded by the
-environment a user would set (FORMATS), decoding held-out chat prompts, every row the full length; decode tok/s excludes the prefill (bench/peers.py engine_decode). --eagle adds the adaptive
-EAGLE-3 decoder of each format.
+Each format is a full engine (target, draft head, compiled steps where they run: int8 steps stay eager where torch
+runs AVX-512 code, eagle3/compiled.py) in its own process, loaded by the environment a user would set (FORMATS),
+decoding held-out chat prompts, every row the full length; decode tok/s excludes the prefill (bench/peers.py
+engine_decode). --eagle adds the adaptive EAGLE-3 decoder of each format.
 
 To see what a CPU with AVX2 alone would pick, narrow torch's, oneDNN's and fbgemm's kernels on a bigger CPU:
 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 (the engine's attention kernel keeps
@@ -41,7 +42,8 @@ FORMATS = {
 
 def serve(env, conn):
     """One format's engine in its own process (the environment decides what load_target loads, and compiled graphs of
-    different formats never share a process): answers ("warm", batch) and ("decode", batch, speculative) requests."""
+    different formats never share a process): answers ("warm", batch) and ("decode", batch, speculative, new tokens)
+    requests."""
     os.environ.update(env)
     from eagle3 import SpeculativeDecoder, load_target
     from eagle3.layers import weight_format
@@ -109,8 +111,9 @@ def write(a, machine, loaded, kinds, rows):
     base = kinds[0]
     lines = [f"# Decode speed by weight format ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"Machine: {machine}.",
-             f"{a.max_new_tokens} new tokens per sequence, held-out chat prompts; decode tok/s (prefill excluded), median "
-             f"of {a.reps} alternated repetitions; ratios against {base[0]}. `python -m bench.formats` wrote this file.",
+             f"{a.max_new_tokens} new tokens per sequence, held-out chat prompts; decode tok/s (prefill excluded), "
+             f"median of {a.reps} alternated repetitions; ratios against {base[0]}. "
+             "`python -m bench.formats` wrote this file.",
              "", "Formats as loaded: " + "; ".join(f"{n}: {f}" for n, f in loaded.items()),
              "", "| batch | " + " | ".join(f"{n}{' EAGLE-3' if s else ''}" for n, s in kinds) + " |",
              "|---|" + "---|" * len(kinds)]
