@@ -47,9 +47,9 @@ def serve(env, conn):
     os.environ.update(env)
     from eagle3 import SpeculativeDecoder, load_target
     from eagle3.layers import weight_format
-    from eagle3.prompts import heldout_prompts, training_prompts
+    from eagle3.prompts import heldout_prompts
 
-    from .peers import engine_decode
+    from .peers import batch_prompts, engine_decode, warm_prompts
 
     target = load_target()
     target.eos_ids = []  # every row decodes the full length
@@ -60,12 +60,10 @@ def serve(env, conn):
         batch = msg[1]
         if msg[0] == "warm":  # compiled graphs, the draft budget
             dec.warm_up(batch)
-            dec.generate([p["prompt"] for p in training_prompts(2 * batch)[-batch:]], max_new_tokens=16,
-                         batch_size=batch)
+            dec.generate(warm_prompts(batch), max_new_tokens=16, batch_size=batch)
             conn.send(None)
         else:
-            ps = (prompts * (1 + batch // len(prompts)))[:batch] if batch > 1 else prompts[:4]
-            conn.send(engine_decode(dec, ps, batch, msg[3], msg[2], dec.compiled)[0])
+            conn.send(engine_decode(dec, batch_prompts(prompts, batch), batch, msg[3], msg[2], dec.compiled)[0])
 
 
 def main():

@@ -13,6 +13,8 @@ import torch
 from eagle3 import SpeculativeDecoder, hardware, load_target
 from eagle3.prompts import heldout_prompts
 
+from .peers import batch_prompts
+
 KS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -67,7 +69,7 @@ def main():
     prompts = [p["prompt"] for p in heldout_prompts()]
     print("\n| batch | vanilla tok/s | EAGLE-3 tok/s | tau | speedup | identical |\n|---|---|---|---|---|---|", flush=True)
     for batch in a.batches:
-        ps = (prompts * (1 + batch // len(prompts)))[: max(batch, 4 if batch == 1 else batch)]
+        ps = batch_prompts(prompts, batch)
         decode(dec, ps[:batch], batch, 8, True)  # warm-up: kernels, allocator, the draft budget's calibration
         v, _, vids = decode(dec, ps, batch, new_tokens, False)
         e, tau, eids = decode(dec, ps, batch, new_tokens, True)

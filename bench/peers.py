@@ -55,6 +55,16 @@ def llama_tg(bin_dir, gguf, new_tokens, threads):
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["avg_ts"]
 
 
+def batch_prompts(prompts, batch):
+    """The prompts of one call at `batch` rows: `batch` of them (the list repeated as needed), 4 at batch 1."""
+    return (prompts * (1 + batch // len(prompts)))[: batch if batch > 1 else 4]
+
+
+def warm_prompts(batch):
+    """`batch` training prompts (never the measured held-out ones) to warm a decoder up at that batch size."""
+    return [p["prompt"] for p in training_prompts(2 * batch)[-batch:]]
+
+
 def engine_decode(dec, prompts, batch, new_tokens, speculative, compiled):
     """Decode tok/s of one generate() call over `prompts` at `batch`: its wall time minus its prefill's.
     compiled: whether the call runs compiled steps (eagle3/compiled.py)."""
@@ -91,8 +101,7 @@ def main():
     rows = []
     tg = statistics.median(llama_tg(a.llama_bin, gguf, a.max_new_tokens, threads) for _ in range(a.reps))
     for batch in a.batches:
-        ps = (prompts * (1 + batch // len(prompts)))[:batch] if batch > 1 else prompts[:4]
-        warm = [p["prompt"] for p in training_prompts(2 * batch)[-batch:]]
+        ps, warm = batch_prompts(prompts, batch), warm_prompts(batch)
         for mode in {compiled, compiled and not a.eager}:  # warm the draft budget and each mode's graphs, as a
             dec.compiled = mode                              # running worker is
             dec.warm_up(batch)
