@@ -56,15 +56,17 @@ def default_dtype(device) -> torch.dtype:
     return torch.bfloat16 if cpu_has_bf16() else torch.float32
 
 
+# Variables that limit torch's, oneDNN's and fbgemm's kernels to a smaller CPU's (bench/formats.py emulates one)
+NARROWING = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
+
+
 def describe() -> str:
     """One line for benchmark reports: CPU model, the ISA torch dispatches to, the flags that decide dtype, threads,
     and the variables that narrow torch's, oneDNN's or fbgemm's kernels where a run sets them."""
     flags = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in cpu_flags()]
     model = _cpuinfo().get("model name") or platform.processor() or "cpu"
     gpu = f", CUDA {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    # a bigger CPU's kernels limited to a smaller one's (bench/formats.py)
-    limits = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
-    narrowed = [f"{k}={os.environ[k]}" for k in limits if os.environ.get(k)]
+    narrowed = [f"{k}={os.environ[k]}" for k in NARROWING if os.environ.get(k)]
     return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), "
             f"flags {' '.join(flags) or '-'}, threads {torch.get_num_threads()}{gpu}"
             + (f", kernels narrowed by {' '.join(narrowed)}" if narrowed else ""))

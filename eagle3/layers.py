@@ -217,7 +217,7 @@ def weight_format(model) -> str:
     vnni_runs = {m._vnni[2:] for m in model.modules() if isinstance(m, Linear) and m._vnni is not None}
     if vnni_runs:
         digits, build = min(vnni_runs)
-        return f"int4 ({vnni.name(build)})" if digits == 2 else f"int4 ({vnni.name(build)}, {digits}-digit activations)"
+        return f"int4 ({vnni.label(build)})" if digits == 2 else f"int4 ({vnni.label(build)}, {digits}-digit activations)"
     if has_int4(model):
         return "int4"
     return "int8" if has_int8(model) else str(model.embed_tokens.weight.dtype).removeprefix("torch.")

@@ -83,7 +83,7 @@ def available() -> bool:
     return kind() is not None
 
 
-def name(build: str | None = None) -> str:
+def label(build: str | None = None) -> str:
     """What reports call a build (default: the one that runs): "VNNI kernel" or "AVX2 kernel"."""
     return f"{(build or kind() or 'vnni').upper()} kernel"
 

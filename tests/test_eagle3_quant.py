@@ -61,7 +61,7 @@ def test_dtype_follows_the_hardware_and_the_override(monkeypatch):
     assert hardware.default_dtype("cpu") == torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         hardware.parse_dtype("int3")
-    for var in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS"):
+    for var in hardware.NARROWING:
         monkeypatch.delenv(var, raising=False)
     assert "flags" in hardware.describe() and "narrowed" not in hardware.describe()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # a run that limits kernels says so in its report
@@ -131,7 +131,7 @@ def test_int8_is_the_default_where_the_hardware_picks_fp32(monkeypatch):
     monkeypatch.delenv("EAGLE3_INT8", raising=False)
     monkeypatch.delenv("EAGLE3_INT4", raising=False)
     monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)  # the hardware picks fp32
-    assert weight_format(load_target().model) == (f"int4 ({vnni.name()})" if vnni.available() else "int8")
+    assert weight_format(load_target().model) == (f"int4 ({vnni.label()})" if vnni.available() else "int8")
     monkeypatch.setattr(vnni, "available", lambda: False)  # EAGLE3_VNNI=0, or no compiler
     assert has_int8(load_target().model)
     assert not has_int8(load_target(int8=False).model)
