@@ -5,12 +5,16 @@ The layers run in groups of equal size (group_size: SmolLM2's 30 layers as 5 cal
 (same code, their weights are graph inputs). A group reads the KV cache and never writes it: each layer attends over
 cat(cache[:S], its new keys), S being the longest committed row, and the group's new K/V come back stacked, written
 into the cache with one copy per group (KVCache.write_all). So no graph mutates a buffer that grows, and the shapes
-are the new tokens' [B, T] and S. T is padded up to a bucket (1, 2, 4, 8, 16: a plain step and the verify trees);
-the batch dimension (from 2 rows on) and S are dynamic, so one graph per bucket serves every context length and
-batch size (batch 1 and S = 1 are specialised by dynamo and get their own).
+are the new tokens' [B, T] and S. T is padded up to a bucket, a power of two (1, 2, 4, 8, 16: a plain step and the
+default trees, which warm() compiles ahead; larger trees compile 32, 64, ... at first use); the batch dimension (from
+2 rows on) and S are dynamic, so one graph per bucket serves every context length and batch size (batch 1 and S = 1
+are specialised by dynamo and get their own).
 
-Decode and verify forwards run compiled; prefills stay eager, so a prompt's bits do not depend on the prompts it was
-padded with. Lossless stays defined as before: in compiled steps too, a row's bits do not depend on how many rows or
+Every decode and verify forward of a call runs compiled, whatever its size: an eager forward gives other bits
+(inductor fuses the norms and residual adds), so a tree verified eagerly among compiled plain steps can accept what
+they would not emit. Before 2026-12-07 trees past 16 nodes ran eager: the hybrid drafter's grafted trees (up to 21
+nodes) and total_tokens=24 decoded only 21 and 16 of 40 free-form prompts (default target, bf16, batch 1) exactly as
+vanilla did. Prefills stay eager, so a prompt's bits do not depend on the prompts it was padded with. Lossless stays defined as before: in compiled steps too, a row's bits do not depend on how many rows or
 tree nodes share a forward (tests/test_eagle3_compiled.py), so verification accepts exactly what plain steps emit,
 and a prompt decodes alike at any batch size. (Keys that sit in other places than in an eager forward change
 float64 attention's summation order by ~1e-16, which never reaches a bf16 rounding: layers.cache_dtype.)
@@ -37,7 +41,7 @@ import torch
 
 from .layers import attend, has_int4, has_int8
 
-BUCKETS = (1, 2, 4, 8, 16)  # new tokens per forward that compiled steps serve, padded up
+BUCKETS = (1, 2, 4, 8, 16)  # new tokens per forward that warm() compiles ahead: a plain step and the default trees
 
 _ON = contextvars.ContextVar("compiled_steps", default=False)
 
@@ -118,7 +122,7 @@ def available(model) -> bool:
 
 @contextlib.contextmanager
 def compiled_steps(on=True):
-    """Within this block, target forwards of up to BUCKETS[-1] new tokens run the compiled layer stack."""
+    """Within this block, target forwards other than prefills run the compiled layer stack."""
     token = _ON.set(bool(on))
     try:
         yield
@@ -127,23 +131,20 @@ def compiled_steps(on=True):
 
 
 def bucket(tokens) -> int:
-    """The new tokens per row a forward of `tokens` really computes with compiled steps (past the largest bucket:
-    eager, unpadded)."""
-    return next((b for b in BUCKETS if b >= tokens), tokens)
+    """The new tokens per row a forward of `tokens` really computes with compiled steps: the next power of two."""
+    return 1 << (tokens - 1).bit_length()
 
 
 def steps(shape) -> Steps:
-    """How a forward of tokens `shape` [B, T] runs: compiled (with its bucket) for up to BUCKETS[-1] tokens per row,
-    else eager."""
-    if not _ON.get() or shape[1] > BUCKETS[-1]:
-        return EAGER
-    return Steps(_layers(), bucket(shape[1]))
+    """How a forward of tokens `shape` [B, T] runs: compiled, padded to its bucket, within compiled_steps()."""
+    return Steps(_layers(), bucket(shape[1])) if _ON.get() else EAGER
 
 
 @lru_cache(maxsize=1)
 def _layers():
-    # graphs per bucket x (batch 1, 2+) x kind of target (dtype, weight format, sizes) in this process
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16 * len(BUCKETS))
+    # graphs per bucket (up to 128 nodes) x (batch 1, 2+, a view's row stride) x kind of target (dtype, weight
+    # format, sizes) in this process
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 128)
     # Dynamo checks guards on every module attribute and weight a graph reads before each call: 1.5 ms a step for
     # SmolLM2 (~10%). With dict tags it skips the modules whose attributes have not changed since it last saw them:
     # 0.9 ms (measured on the EPYC of the docstring, 50 steps under torch.profiler; batch-1 step medians over 3
@@ -153,17 +154,19 @@ def _layers():
 
 
 @torch.no_grad()
-def warm(model, rows):
-    """Compile (or load from inductor's on-disk cache) every bucket's graphs for forwards of `rows` rows now. Left to
-    first use, a bucket's compile (seconds) lands inside whichever call first drafts a tree of that size: in a
-    bench.peers run two of three batch-8 EAGLE-3 repetitions ran at half of vanilla's speed for it."""
+def warm(model, rows, largest=BUCKETS[-1]):
+    """Compile (or load from inductor's on-disk cache) the graphs of BUCKETS and up to `largest` nodes for forwards
+    of `rows` rows now. Left to first use, a bucket's compile (seconds) lands inside whichever call first drafts a
+    tree of that size: in a bench.peers run two of three batch-8 EAGLE-3 repetitions ran at half of vanilla's speed
+    for it."""
     dev = model.embed_tokens.weight.device
-    cache = model.new_cache(rows + 1, 4 + BUCKETS[-1])
+    buckets = sorted(set(BUCKETS) | {bucket(n) for n in range(1, largest + 1)})
+    cache = model.new_cache(rows + 1, 4 + buckets[-1])
     cache.lens[:] = 4  # a short committed context (forwards never advance it); its length is a dynamic size
     for n in (rows + 1, rows):
         if n == rows:  # a finished row leaves the cache a view with another row stride (KVCache.keep): own graphs
             cache.keep(list(range(rows)))
-        for T in BUCKETS:
+        for T in buckets:
             toks = torch.zeros(n, T, dtype=torch.long, device=dev)
             pos = (4 + torch.arange(T, device=dev)).expand(n, T)
             mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(n, T, T)

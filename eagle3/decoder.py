@@ -195,9 +195,9 @@ class SpeculativeDecoder:
         device's cost profile (eagle3/profile.py). A no-op where neither applies or both are cached."""
         self._load_profile()
         if self.compiled:
-            compiled.warm(self.model, 1)
+            compiled.warm(self.model, 1, self.total_tokens)
             if batch_size > 1 and self._chunk(batch_size) is None:  # calls in row chunks run eager steps
-                compiled.warm(self.model, batch_size)
+                compiled.warm(self.model, batch_size, self.total_tokens)
 
     def _load_profile(self):
         if self.budget and self.budget.profile is None:

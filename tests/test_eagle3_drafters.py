@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from eagle3.drafters import DRAFTERS
-from eagle3.drafters.hybrid import graft
+from eagle3.drafters.hybrid import graft, surest
 from eagle3.drafters.suffix import SuffixIndex, trie_nodes
 from eagle3.tree import from_nodes
 from eagle3.verify import verify_greedy, verify_sampling
@@ -85,6 +85,33 @@ def test_graft_merges_shared_prefixes():
     head, scores = [(0, 5), (0, 6), (1, 7)], [0.9, 0.05, 0.4]  # 5 -> 7, and 6
     assert graft(head, scores, [(0, 5), (1, 7), (2, 8)], [0.8, 0.8, 0.7]) == (head + [(3, 8)], [0.9, 0.05, 0.8, 0.7])
     assert graft(head, scores, [(0, 9)], [0.2]) == (head + [(0, 9)], scores + [0.2])
+
+
+def test_surest_keeps_the_likeliest_nodes_with_their_ancestors():
+    nodes, scores = [(0, 5), (0, 6), (1, 7), (3, 8), (2, 9)], [0.5, 0.4, 0.9, 0.8, 0.45]
+    # 7 and 8 count at most their ancestor 5's 0.5; 9 (0.45) beats its parent 6 (0.4) only capped: 6 goes first
+    assert surest(nodes, scores, 3) == ([(0, 5), (1, 7), (2, 8)], [0.5, 0.9, 0.8])
+    assert surest(nodes, scores, 4) == ([(0, 5), (0, 6), (1, 7), (3, 8)], [0.5, 0.4, 0.9, 0.8])
+    assert surest(nodes, scores, 5) == (nodes, scores)
+
+
+def test_hybrid_trees_keep_the_configured_size(target):
+    """The head's tree plus grafted suffix chains stays within total_tokens (larger trees cost a larger verify than
+    the one configured, and compiled steps a larger bucket); still lossless."""
+    from eagle3.drafters.hybrid import HybridDrafter
+
+    sizes, real = [], HybridDrafter.propose
+    prompts = random_prompts(3, target.config.vocab_size, seed=5, min_len=8, max_len=8) * 3  # repeats: suffix matches
+    dec = decoder_for(target, drafter="hybrid", parallel_degree=2, depth=4, total_tokens=6, adaptive=False)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=30, speculative=False)
+    HybridDrafter.propose = lambda self, batch, shape: sizes.append(real(self, batch, shape).size) or real(
+        self, batch, shape)
+    try:
+        spec = dec.generate_ids(prompts, max_new_tokens=30, batch_size=3)
+    finally:
+        HybridDrafter.propose = real
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
+    assert sizes and max(sizes) == 6
 
 
 def test_padding_nodes_are_never_accepted():

@@ -1,6 +1,7 @@
 """The head's tree plus the suffix drafter's confident matches: where a row's text repeats what this call has seen
 (a long suffix match that most recent occurrences agree on), the suffix chain is grafted onto the head's tree, so
-copying runs as deep as the tree may go; elsewhere the tree is the head's alone."""
+copying runs as deep as the tree may go; elsewhere the tree is the head's alone. A merged tree keeps its surest
+total_tokens - 1 nodes, as the head's does."""
 from ..tree import from_nodes
 from .base import Drafter
 from .eagle import EagleDrafter
@@ -25,6 +26,21 @@ def graft(nodes, scores, extra, extra_scores):
     return nodes, scores
 
 
+def surest(nodes, scores, most):
+    """The `most` nodes of a tree likeliest to be accepted, renumbered. A node is accepted only with its parent, so its
+    score counts capped by its parent's; ties go to the lower index (parents precede children), so the kept nodes
+    include every ancestor of each."""
+    if len(nodes) <= most:
+        return nodes, scores
+    capped = []
+    for (p, _), s in zip(nodes, scores):
+        capped.append(min(s, capped[p - 1]) if p else s)
+    keep = sorted(sorted(range(len(nodes)), key=lambda i: (-capped[i], i))[:most])
+    new = {0: 0}
+    new.update((i + 1, n) for n, i in enumerate(keep, 1))
+    return [(new[nodes[i][0]], nodes[i][1]) for i in keep], [scores[i] for i in keep]
+
+
 class HybridDrafter(Drafter):
     def __init__(self, target, head, configured):
         super().__init__(target, head, configured)
@@ -44,11 +60,12 @@ class HybridDrafter(Drafter):
             part.prepare(batch)
 
     def propose(self, batch, shape):
-        k, depth, _ = shape
+        k, depth, total = shape
         tree = self.eagle.propose(batch, shape)
-        # at most `depth` suffix nodes per row: the trees stay within the room the KV caches keep past a row's end
+        # at most `depth` suffix nodes per row: the trees stay within the room the KV caches keep past a row's end;
+        # then the surest total - 1 of the merged nodes, as the shape allows
         extra = [self.suffix.draft(slot, k, depth, depth) for slot in batch.rows.live]
-        merged = [graft(h, hs, *e) for h, hs, e in zip(tree.nodes(), tree.node_scores(), extra)]
+        merged = [surest(*graft(h, hs, *e), total - 1) for h, hs, e in zip(tree.nodes(), tree.node_scores(), extra)]
         return from_nodes(batch.root, *zip(*merged))
 
     def observe(self, batch, tree, acc, feats, emitted):
