@@ -7,7 +7,8 @@ Formats (those this CPU cannot run are left out):
 - fp32 + int8 (fbgemm): what CPUs without AVX512-BF16 ran before the VNNI kernel (eagle3/int8.py);
 - fp32 + int4 (AVX2 build), fp32 + int4 (VNNI build): the GGUF's Q4_1 blocks through the VNNI kernel's builds
   (eagle3/vnni.py), fp32 activations;
-- bf16 + int4 (VNNI build), bf16 + int4 (AMX kernel): the bf16 engine's own kernels where the CPU has them.
+- bf16 + int4 (VNNI build), bf16 + int4 (AMX kernel): the bf16 engine's own kernels where the CPU has them;
+- bf16 + int4 (VNNI build, 1 digit): activations in one int8 digit (llama.cpp's precision, eagle3/vnni.py digits).
 Each format is a full engine (target, draft head, compiled steps where they run: int8 steps stay eager where torch
 runs AVX-512 code, eagle3/compiled.py) in its own process, loaded by the environment a user would set (FORMATS),
 decoding held-out chat prompts, every row the full length; decode tok/s excludes the prefill (bench/peers.py
@@ -36,6 +37,9 @@ FORMATS = {
                                  lambda: vnni.builds("vnni")),
     "bf16 + int4 (VNNI build)": ({"EAGLE3_DTYPE": "bfloat16", "EAGLE3_INT4": "1", "EAGLE3_AMX": "0"},
                                  lambda: hardware.cpu_has_bf16() and vnni.builds("vnni")),
+    "bf16 + int4 (VNNI build, 1 digit)": ({"EAGLE3_DTYPE": "bfloat16", "EAGLE3_INT4": "1", "EAGLE3_AMX": "0",
+                                           "EAGLE3_VNNI_DIGITS": "1"},
+                                          lambda: hardware.cpu_has_bf16() and vnni.builds("vnni")),
     "bf16 + int4 (AMX kernel)": ({"EAGLE3_DTYPE": "bfloat16", "EAGLE3_INT4": "1"}, lambda: amx.available()),
 }
 
