@@ -18,7 +18,8 @@ from .layers import row_chunks, weight_format
 from .target import cache_dir
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
-NODES = (1, 2, 4, 8, 16, 32)
+NODES = (1, 2, 4, 8, 16)  # compiled.BUCKETS: larger trees are extrapolated (the cost is linear there), so a first
+# profile compiles no bucket that the default trees never use
 CONTEXT = 256  # committed tokens per row: attention over them is part of the cost
 MAX_TOKENS = 512  # larger forwards are extrapolated from a row's last two cells: the cost is linear there
 
