@@ -31,6 +31,16 @@ def test_cost_interpolates_within_and_beyond_the_grid():
     assert prof.cost(8, 8) == pytest.approx(2 + 7 * 7 / 3)  # rows past the grid: the last segment's slope
 
 
+def test_a_cell_above_a_bigger_forward_is_priced_as_that_one():
+    """A profile measured beside other work: t(1, 2) above t(1, 4) and t(4, 1) above t(4, 2). cost() prices each at
+    the smallest cell of as many rows and nodes or more; the measured seconds are kept as they are."""
+    seconds = [[7.0, 11.8, 9.6, 12.0], [20.0, 18.0, 25.0, 40.0]]
+    prof = Profile("k", [1, 4], [1, 2, 4, 8], seconds)
+    assert [prof.cost(1, n) for n in (1, 2, 4, 8)] == [7.0, 9.6, 9.6, 12.0]
+    assert [prof.cost(4, n) for n in (1, 2, 4, 8)] == [18.0, 18.0, 25.0, 40.0]
+    assert prof.seconds == seconds
+
+
 def test_forwards_past_max_tokens_are_extrapolated_not_measured():
     from eagle3.profile import measure
 
