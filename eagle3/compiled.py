@@ -14,8 +14,8 @@ Every decode and verify forward of a call runs compiled, whatever its size: an e
 (inductor fuses the norms and residual adds), so a tree verified eagerly among compiled plain steps can accept what
 they would not emit. Before 2026-12-07 trees past 16 nodes ran eager: the hybrid drafter's grafted trees (up to 21
 nodes) and total_tokens=24 decoded only 21 and 16 of 40 free-form prompts (default target, bf16, batch 1) exactly as
-vanilla did. Prefills stay eager, so a prompt's bits do not depend on the prompts it was padded with. Lossless stays defined as before: in compiled steps too, a row's bits do not depend on how many rows or
-tree nodes share a forward (tests/test_eagle3_compiled.py), so verification accepts exactly what plain steps emit,
+vanilla did. Prefills stay eager, so a prompt's bits do not depend on the prompts it was padded with. Lossless stays
+defined as before: in compiled steps too, a row's bits do not depend on how many rows or tree nodes share a forward (tests/test_eagle3_compiled.py), so verification accepts exactly what plain steps emit,
 and a prompt decodes alike at any batch size. (Keys that sit in other places than in an eager forward change
 float64 attention's summation order by ~1e-16, which never reaches a bf16 rounding: layers.cache_dtype.)
 

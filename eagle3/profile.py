@@ -18,8 +18,8 @@ from .layers import row_chunks, weight_format
 from .target import cache_dir
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
-NODES = (1, 2, 4, 8, 16)  # compiled.BUCKETS: larger trees are extrapolated (the cost is linear there), so a first
-# profile compiles no bucket that the default trees never use
+NODES = compiled.BUCKETS  # larger trees are extrapolated (the cost is linear there), so a first profile compiles
+# no bucket that the default trees never use
 CONTEXT = 256  # committed tokens per row: attention over them is part of the cost
 MAX_TOKENS = 512  # larger forwards are extrapolated from a row's last two cells: the cost is linear there
 
@@ -49,10 +49,10 @@ def envelope(seconds):
     out = [list(line) for line in seconds]
     for i in reversed(range(len(out))):
         for j in reversed(range(len(out[i]))):
-            later = [out[i][j + 1]] if j + 1 < len(out[i]) else []
+            if j + 1 < len(out[i]):
+                out[i][j] = min(out[i][j], out[i][j + 1])
             if i + 1 < len(out):
-                later.append(out[i + 1][j])
-            out[i][j] = min([out[i][j], *later])
+                out[i][j] = min(out[i][j], out[i + 1][j])
     return out
 
 

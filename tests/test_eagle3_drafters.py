@@ -95,21 +95,23 @@ def test_surest_keeps_the_likeliest_nodes_with_their_ancestors():
     assert surest(nodes, scores, 5) == (nodes, scores)
 
 
-def test_hybrid_trees_keep_the_configured_size(target):
+def test_hybrid_trees_keep_the_configured_size(target, monkeypatch):
     """The head's tree plus grafted suffix chains stays within total_tokens (larger trees cost a larger verify than
     the one configured, and compiled steps a larger bucket); still lossless."""
     from eagle3.drafters.hybrid import HybridDrafter
 
     sizes, real = [], HybridDrafter.propose
+
+    def propose(self, batch, shape):
+        tree = real(self, batch, shape)
+        sizes.append(tree.size)
+        return tree
+
     prompts = random_prompts(3, target.config.vocab_size, seed=5, min_len=8, max_len=8) * 3  # repeats: suffix matches
     dec = decoder_for(target, drafter="hybrid", parallel_degree=2, depth=4, total_tokens=6, adaptive=False)
     vanilla = dec.generate_ids(prompts, max_new_tokens=30, speculative=False)
-    HybridDrafter.propose = lambda self, batch, shape: sizes.append(real(self, batch, shape).size) or real(
-        self, batch, shape)
-    try:
-        spec = dec.generate_ids(prompts, max_new_tokens=30, batch_size=3)
-    finally:
-        HybridDrafter.propose = real
+    monkeypatch.setattr(HybridDrafter, "propose", propose)
+    spec = dec.generate_ids(prompts, max_new_tokens=30, batch_size=3)
     assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
     assert sizes and max(sizes) == 6
 
