@@ -98,8 +98,11 @@ void rows_half(const int8_t* const* xq, const float* dx, const float* sx, int64_
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < G; ++b) {
     const uint8_t* wb = w + b * F::W;
-    _mm_prefetch((const char*)wb + 4 * F::W, _MM_HINT_T0);
-    _mm_prefetch((const char*)wb + 4 * F::W + 128, _MM_HINT_T0);
+    // The next panel's block b, half of it on each pass, so memory streams while this panel is computed from L1:
+    // the two passes had alternated between waiting on memory and computing, and a Q8_0 lm_head at one row took
+    // 3.6 ms instead of 2.4 on a 2-core AVX2-only EPYC (Zen 3, one thread; bench/results/linears_avx2_zen3.md).
+    const char* next = (const char*)(wb + G * F::W + h * (F::W / 2));
+    for (int line = 0; line < F::W / 2; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
     __m256i isum[R];
     for (int p = 0; p < F::PARTS; ++p) {
       __m256i s16[R][DIGITS];
