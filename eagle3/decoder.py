@@ -73,18 +73,20 @@ def resolve_head(target: Target, draft) -> Eagle3Head:
              f"head (vocab {c.vocab_size}, target hidden {c.target_hidden_size}) does not fit the target "
              f"(vocab {tc.vocab_size}, hidden {tc.hidden_size})")
     w = target.model.embed_tokens.weight
+    # A copy: the caller's head keeps its weights and dtype (Module.to casts in place, and a packed or quantised
+    # head cannot be copied back)
+    fresh = Eagle3Head(draft.config)
+    fresh.load_state_dict(draft.state_dict())
+    draft = fresh.to(device=w.device, dtype=w.dtype).eval()
     if has_int8(target.model):  # the head follows the target's format
-        return int8_linears(draft.to(device=w.device, dtype=w.dtype).eval().pack())
+        return int8_linears(draft.pack())
     if own_kernel(target.model):  # Q4_1 linears through the engine's kernel (eagle3/amx.py, eagle3/vnni.py), on a
-        fresh = Eagle3Head(draft.config)  # copy: the caller's head keeps its weights (a packed one cannot be copied)
-        fresh.load_state_dict(draft.state_dict())
-        draft = fresh.to(device=w.device, dtype=w.dtype)
-        # Each draft step reads the head's ~10M weights from memory (the target's forward evicted them from cache):
-        # Q4_1 reads about half of Q8_0's bytes, and drafting only proposes, so the output stays the target's.
+        # CPU: each draft step reads the head's ~10M weights from memory (the target's forward evicted them from
+        # cache). Q4_1 reads about half of Q8_0's bytes, and drafting only proposes, so the output stays the target's.
         for m in draft.modules():
             if isinstance(m, Linear) and m.own_kernel_takes():
                 quantize_q4(m)
-    return draft.to(device=w.device, dtype=w.dtype).eval().pack()
+    return draft.pack()
 
 
 class SpeculativeDecoder:
