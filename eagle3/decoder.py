@@ -197,9 +197,14 @@ class SpeculativeDecoder:
         device's cost profile (eagle3/profile.py). A no-op where neither applies or both are cached."""
         self._load_profile()
         if self.compiled:
+            drafts = self.drafter != "suffix"  # the suffix drafter has no head
             compiled.warm(self.model, 1, self.total_tokens)
+            if drafts:
+                self.head.warm(1)
             if batch_size > 1 and self._chunk(batch_size) is None:  # calls in row chunks run eager steps
                 compiled.warm(self.model, batch_size, self.total_tokens)
+                if drafts:
+                    self.head.warm(batch_size)
 
     def _load_profile(self):
         if self.budget and self.budget.profile is None:

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
+from . import compiled
 from .layers import MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, pack_linears
 
 
@@ -76,16 +77,17 @@ class HeadAttention(nn.Module):
         self.v_proj = Linear(2 * c.hidden_size, self.hkv * self.d)
         self.o_proj = Linear(self.hq * self.d, c.hidden_size)
 
-    def forward(self, x, positions, rope, cache, slots, mask):
+    def forward(self, x, positions, rope, k, v, mask):
+        """x [B, T, 2*hidden]; k/v [B, Hkv, S, D]: the head's cache (read only); mask [B, 1, T, S + T] over those
+        slots and then the T new keys. Returns the output and the new keys and values [B, Hkv, T, D]."""
         B, T, _ = x.shape
-        dt = cache.dtype  # attention runs in the cache's dtype, as the target's does (layers.cache_dtype)
+        dt = k.dtype  # attention runs in the cache's dtype, as the target's does (layers.cache_dtype)
         q = self.q_proj(x).to(dt).view(B, T, self.hq, self.d).transpose(1, 2)
-        k = self.k_proj(x).to(dt).view(B, T, self.hkv, self.d).transpose(1, 2)
-        v = self.v_proj(x).to(dt).view(B, T, self.hkv, self.d).transpose(1, 2)
-        q, k = rope(q, k, positions)
-        cache.write(0, k, v, slots)
-        kk, vv = cache.view(0, mask.shape[-1])
-        return self.o_proj(attend(q, kk, vv, mask).transpose(1, 2).reshape(B, T, -1).to(x.dtype))
+        kk = self.k_proj(x).to(dt).view(B, T, self.hkv, self.d).transpose(1, 2)
+        vv = self.v_proj(x).to(dt).view(B, T, self.hkv, self.d).transpose(1, 2)
+        q, kk = rope(q, kk, positions)
+        out = attend(q, k, v, mask, kk, vv).transpose(1, 2).reshape(B, T, -1)
+        return self.o_proj(out.to(x.dtype)), kk, vv
 
 
 class MidLayer(nn.Module):
@@ -97,10 +99,11 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c.hidden_size, c.intermediate_size)
 
-    def forward(self, emb, hidden, positions, rope, cache, slots, mask):
+    def forward(self, emb, hidden, positions, rope, k, v, mask):
         x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], -1)
-        h = hidden + self.self_attn(x, positions, rope, cache, slots, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a, new_k, new_v = self.self_attn(x, positions, rope, k, v, mask)
+        h = hidden + a
+        return h + self.mlp(self.post_attention_layernorm(h)), new_k, new_v
 
 
 class Eagle3Head(nn.Module):
@@ -178,11 +181,45 @@ class Eagle3Head(nn.Module):
         """One head step over T inputs per row: emb [B, T, h] token embeddings, hidden [B, T, h] (fc of target
         features, or the head's own previous output). K/V go to slots cache.lens + offset + 0..T-1; tree_mask
         [B, T, offset+T] says which of the block's slots each input sees. Returns the output [B, T, h] the next step
-        reads (`output`: pre-norm, or post-norm under norm_output)."""
+        reads (`output`: pre-norm, or post-norm under norm_output).
+
+        The step reads the cache's first max(lens) + offset slots and writes its new K/V after the call, so it is
+        a pure function of its inputs: within compiled_steps() it runs as one compiled graph (eagle3/compiled.py's
+        head_step), which saves most of its ~60 eager ops' overhead three times a tree round."""
         T = emb.shape[1]
-        slots = cache.slots(offset, T)
-        mask = attention_mask(cache.lens, tree_mask, int(cache.lens.max()) + offset + T)
-        return self.output(self.midlayer(emb, hidden, positions, self.rope, cache, slots, mask))
+        # At least 2 slots read (those past a row's lens are masked): a compiled graph then needs no variants for
+        # an empty cache (a new row's catch-up) or a one-slot one
+        mask = step_mask(cache.lens, tree_mask, max(int(cache.lens.max()) + offset, 2), offset)
+        # The whole cache and contiguous inputs (drafting passes stride-0 ones), so that a compiled graph sees the
+        # same strides on every call
+        out, new_k, new_v = compiled.head_step(self, emb, hidden.contiguous(), positions.contiguous(), cache.k[0],
+                                               cache.v[0], mask)
+        cache.write(0, new_k, new_v, cache.slots(offset, T))
+        return out
+
+    @torch.no_grad()
+    def warm(self, rows):
+        """Compile (or load from inductor's cache) the graphs of compiled.head_step that drafting `rows` rows will
+        run: one new input and several, over a cache of rows + 1 rows and over the view of `rows` rows that a
+        finished row leaves (KVCache.keep), so no round pays for a compile."""
+        h, dev, dt = self.config.hidden_size, self.fc.weight.device, self.fc.weight.dtype  # the drafters' inputs'
+        cache = self.new_cache(rows + 1, 16)
+        cache.lens[:] = 4
+        for n in (rows + 1, rows):
+            if n == rows:
+                cache.keep(list(range(rows)))
+            for T in (1, 2):
+                x = torch.zeros(n, T, h, dtype=dt, device=dev)
+                pos = (4 + torch.arange(T, device=dev)).expand(n, T)
+                with compiled.compiled_steps(True):
+                    self(x, x.clone(), pos, cache, torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(n, T, T))
+
+    def step(self, emb, hidden, positions, k, v, mask):
+        """forward's work without writing the cache: k/v [B, Hkv, max_len, D], of which the mask's first S slots
+        are read. Returns (output, new keys, new values)."""
+        S = mask.shape[-1] - emb.shape[1]
+        h, new_k, new_v = self.midlayer(emb, hidden, positions, self.rope, k[:, :, :S], v[:, :, :S], mask)
+        return self.output(h), new_k, new_v
 
     def project(self, feats):
         """fc over the concatenated low/mid/high target features [.., 3*target_hidden]; under fc_norm each of the
@@ -200,3 +237,15 @@ class Eagle3Head(nn.Module):
     def logits(self, out):
         """Logits over the draft vocabulary from what forward returned (already normalised under norm_output)."""
         return self.lm_head(out if self.config.norm_output else self.norm(out))
+
+
+def step_mask(lens, tree_mask, S, offset):
+    """[B, 1, T, S + T] for a head step: query i of row b sees the committed slots < lens[b] of the cache's first S,
+    the block's earlier slots lens[b] + j (j < offset) that tree_mask[b, i, j] allows, and the new keys (placed after
+    the S slots) that tree_mask[b, i, offset:] allows."""
+    B, T, _ = tree_mask.shape
+    if offset:
+        seen = attention_mask(lens, tree_mask[:, :, :offset], S)[:, 0]
+    else:
+        seen = (torch.arange(S, device=lens.device)[None, :] < lens[:, None])[:, None, :].expand(B, T, S)
+    return torch.cat([seen, tree_mask[:, :, offset:]], 2).unsqueeze(1)

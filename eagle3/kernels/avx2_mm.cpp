@@ -100,7 +100,7 @@ void rows_half(const int8_t* const* xq, const float* dx, const float* sx, int64_
     const uint8_t* wb = w + b * F::W;
     // The next panel's block b, half of it on each pass, so memory streams while this panel is computed from L1:
     // the two passes had alternated between waiting on memory and computing, and a Q8_0 lm_head at one row took
-    // 3.6 ms instead of 2.4 on a 2-core AVX2-only EPYC (Zen 3, one thread; bench/results/linears_avx2_zen3.md).
+    // 3.6 ms instead of 2.4 on a 2-core AVX2-only EPYC (Zen 3, one thread, a standalone copy of this loop).
     const char* next = (const char*)(wb + G * F::W + h * (F::W / 2));
     for (int line = 0; line < F::W / 2; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
     __m256i isum[R];
