@@ -147,3 +147,51 @@ def test_warm_up_compiles_every_tree_size_ahead(int4_target):
             dec.generate_ids(prompts, max_new_tokens=6, batch_size=batch)
             dec.generate_ids(prompts, max_new_tokens=6, batch_size=batch, speculative=False)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def _head_inputs(head, lens, T, seed=0):
+    """A head cache of 3 rows with committed pairs up to `lens` (random K/V), and T random new inputs per row."""
+    g = torch.Generator().manual_seed(seed)
+    h, dt = head.config.hidden_size, head.fc.weight.dtype
+    cache = head.new_cache(len(lens), 32)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    cache.lens[:] = torch.tensor(lens)
+    emb, hidden = (torch.randn(len(lens), T, h, generator=g).to(dt) for _ in range(2))
+    return cache, emb, hidden, cache.lens[:, None] + torch.arange(T)
+
+
+def _relative_error(a, b):
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def test_a_head_step_sees_only_its_own_rows_context(int4_target):
+    """The head step reads the cache's first max(lens) + offset slots: a row whose context is shorter than its
+    neighbours' gets (to float tolerance) what it gets alone, drafting's earlier slots included."""
+    head = decoder_for(int4_target).head
+    cache, emb, hidden, pos = _head_inputs(head, [3, 9, 5], 2)
+    mask = torch.tensor([[[1, 0, 1, 0], [0, 1, 0, 1]]], dtype=torch.bool).expand(3, 2, 4)  # 2 earlier draft slots
+    with torch.no_grad():
+        together = head(emb, hidden, pos + 2, cache, mask, offset=2)
+        for b in range(3):
+            alone = head.new_cache(1, 32)
+            alone.k[:, 0], alone.v[:, 0], alone.lens[:] = cache.k[:, b], cache.v[:, b], cache.lens[b]
+            out = head(emb[b:b + 1], hidden[b:b + 1], pos[b:b + 1] + 2, alone, mask[b:b + 1], offset=2)
+            assert _relative_error(out, together[b:b + 1]) < 0.02, b
+
+
+def test_a_compiled_head_step_matches_the_eager_one(int4_target):
+    """Within compiled_steps the head's step runs as a compiled graph: its output and the K/V it writes agree with
+    the eager step's to float tolerance (drafts only propose, so bits may differ), whatever the batch, new tokens
+    and context length."""
+    head = decoder_for(int4_target).head
+    for lens, T in (([3, 9, 5], 2), ([0, 0, 0], 5), ([7, 1, 2], 1)):
+        eager_cache, emb, hidden, pos = _head_inputs(head, lens, T)
+        compiled_cache = _head_inputs(head, lens, T)[0]
+        mask = torch.ones(T, T, dtype=torch.bool).tril().expand(3, T, T)
+        with torch.no_grad():
+            eager = head(emb, hidden, pos, eager_cache, mask)
+            with compiled.compiled_steps(True):
+                fast = head(emb, hidden, pos, compiled_cache, mask)
+        for a, b in ((fast, eager), (compiled_cache.k, eager_cache.k), (compiled_cache.v, eager_cache.v)):
+            assert _relative_error(a, b) < 0.02  # a few bf16 roundings: fused ops round at other places
