@@ -63,9 +63,9 @@ def test_speculative_sampling_matches_target_distribution(temperature, top_p, dr
     target = small_vocab_target(vocab=4, seed=1, scale=0.15)
     dec = decoder_for(target, parallel_degree=2, depth=3, total_tokens=7, drafter=drafter)
     exact = _exact_joint(target, temperature, top_p)
-    # suffix drafting: 1000 rows at a time, so later rows find the earlier rows' outputs in the index
+    # suffix and hybrid drafting: 1000 rows at a time, so later rows find the earlier rows' outputs in the index
     res = dec.generate_ids([PROMPT] * N_SAMPLES, max_new_tokens=3, temperature=temperature, top_p=top_p,
-                           batch_size=1000 if drafter == "suffix" else N_SAMPLES, seed=1234)
+                           batch_size=1000 if drafter in ("suffix", "hybrid") else N_SAMPLES, seed=1234)
     assert dec.last_stats["accept_length"] > 1.2  # the tree is really being accepted from
     seqs = [tuple(r.token_ids) for r in res]
     assert all(len(s) == 3 for s in seqs)
