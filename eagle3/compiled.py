@@ -84,17 +84,17 @@ def run(steps, model, x, rope, cache, tree_mask):
     g, inputs = group_size(len(model.layers)), []
     for start in range(0, len(model.layers), g):
         k, v = cache.k[start: start + g, :, :, :S], cache.v[start: start + g, :, :, :S]
-        _dynamic(x, rope, mask, k, v)
+        _mark_dynamic((x, (0,)), (rope[0], (0,)), (rope[1], (0,)), (mask, (0, 3)), (k, (1, 3)), (v, (1, 3)))
         x, seen, new_k, new_v = steps.layers(tuple(model.layers[start: start + g]), x, rope, k, v, mask)
         cache.write_all(new_k, new_v, slots, start)
         inputs += seen
     return x, torch.cat([inputs[i] for i in model.config.feature_layers], -1)
 
 
-def _dynamic(x, rope, mask, k, v):
-    """Batch and context sizes marked dynamic: one graph serves them all (dynamo specialises sizes 0 and 1 itself,
-    so batch 1 has its own)."""
-    for t, dims in ((x, (0,)), (rope[0], (0,)), (rope[1], (0,)), (mask, (0, 3)), (k, (1, 3)), (v, (1, 3))):
+def _mark_dynamic(*tensor_dims):
+    """(tensor, dims) pairs: those sizes marked dynamic, so one graph serves them all (dynamo specialises sizes 0 and
+    1 itself, so batch 1 has its own)."""
+    for t, dims in tensor_dims:
         for d in dims:
             if t.shape[d] > 1:
                 torch._dynamo.maybe_mark_dynamic(t, d)
@@ -161,10 +161,7 @@ def head_step(head, emb, hidden, positions, k, v, mask):
     ~0.8 ms on a 2-core EPYC, three times a tree round (two levels of drafting and the observe)."""
     if not _ON.get():
         return head.step(emb, hidden, positions, k, v, mask)
-    for t, dims in ((emb, (0, 1)), (hidden, (0, 1)), (positions, (0, 1)), (k, (0, 2)), (v, (0, 2)), (mask, (0, 2, 3))):
-        for d in dims:
-            if t.shape[d] > 1:
-                torch._dynamo.maybe_mark_dynamic(t, d)
+    _mark_dynamic((emb, (0, 1)), (hidden, (0, 1)), (positions, (0, 1)), (k, (0, 2)), (v, (0, 2)), (mask, (0, 2, 3)))
     return _head()(head, emb, hidden, positions, k, v, mask)
 
 

@@ -243,9 +243,7 @@ def step_mask(lens, tree_mask, S, offset):
     """[B, 1, T, S + T] for a head step: query i of row b sees the committed slots < lens[b] of the cache's first S,
     the block's earlier slots lens[b] + j (j < offset) that tree_mask[b, i, j] allows, and the new keys (placed after
     the S slots) that tree_mask[b, i, offset:] allows."""
-    B, T, _ = tree_mask.shape
-    if offset:
-        seen = attention_mask(lens, tree_mask[:, :, :offset], S)[:, 0]
-    else:
-        seen = (torch.arange(S, device=lens.device)[None, :] < lens[:, None])[:, None, :].expand(B, T, S)
+    if not offset:  # the target's compiled forward has the same layout
+        return compiled.block_mask(lens, tree_mask, S)
+    seen = attention_mask(lens, tree_mask[:, :, :offset], S)[:, 0]
     return torch.cat([seen, tree_mask[:, :, offset:]], 2).unsqueeze(1)
