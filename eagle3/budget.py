@@ -25,7 +25,10 @@ Last, measurements overrule the estimates, which are wrong often enough to lose 
 curves that lag: on the AMX Xeon at batch 1 the plan took plain steps and depth-5 probes whose drafting cost 15 ms,
 while depth-2 trees measured 1.2x vanilla). Per bucket of row counts (1, 2, 3-4, 5-8, ...), every arm — plain steps
 and each depth — keeps the measured speed of its whole rounds (drafting, verify, accept, commit: every second a round
-costs), as tokens per second relative to the profile's plain step at the round's row count, so that the counts of a
+costs but the drafter's catch-up on the plain steps before it, which is what switching arms costs, not what the arm
+does: counted in, it fell on every probe of a tree after plain steps, and on a 2-core AVX-512 EPYC depth-2 trees then
+measured 0.89x plain steps while, drafted every round, they ran 1.09x vanilla; the budget stayed on plain steps at
+0.94x vanilla. Probes are spaced by it instead), as tokens per second relative to the profile's plain step at the round's row count, so that the counts of a
 bucket compare: a batch whose rows finish one by one measures its arms once, not again at 7, 6 and 5 rows, where
 each probe of a losing tree costs throughput (on the AVX512 EPYC trees lose by ~1/3 at batch 8). Once the
 model's choice and plain steps are measured, plan takes the best measured arm, after trying each neighbour of it
@@ -135,6 +138,8 @@ class DraftBudget:
         # step, rounds, round last measured, running profiled plain seconds of the tokens and seconds of a round]}.
         self.measured, self.samples, self.refresh, self.clock = {}, samples, refresh, {}
         self.refreshed = {}  # bucket -> (round of the last re-measurement, rounds until the next, the best arm then)
+        self.catch_up = {}   # bucket -> running seconds of the drafter's catch-up before a tree that follows plain steps
+        self.after_plain = False
         self.choice = {}     # (rows, greedy) -> the model's last choice (PLAIN or a depth)
 
     # ------------------------------------------------------------ costs
@@ -227,7 +232,8 @@ class DraftBudget:
             stale = min((a for a in near if a != best), key=lambda a: m[a][2])
             # The next look waits twice as long, and long enough that probes like this one (a losing tree with
             # the head's catch-up costs several plain rounds at batch 32) stay a PROBE_SHARE of the time.
-            probe = m[stale][4] / max(m[best][4], 1e-9)
+            switch = self.catch_up.get(b, 0.0) if best is PLAIN else 0.0  # a tree after plain steps catches up first
+            probe = (m[stale][4] + switch) / max(m[best][4], 1e-9)
             self.refreshed[b] = (now, min(max(2 * wait, round(probe / PROBE_SHARE)), self.max_explore), best)
             return stale
         self.refreshed[b] = (last, wait, best)
@@ -266,10 +272,15 @@ class DraftBudget:
             curve[len(c):] = c[-1] if len(c) else 0.0
             gain[d] += alpha * (curve - gain[d])
 
-    def observe(self, shape, tree, acc, greedy, verify_s, draft_s, round_s=None):
-        """One round's outcome: acceptance of the verified nodes, the verify and draft seconds, and the whole round's
-        seconds (round_s: catch-up, drafting, verify, accept and commit) for the measured arms."""
+    def observe(self, shape, tree, acc, greedy, verify_s, draft_s, round_s=None, catch_up_s=0.0):
+        """One round's outcome: acceptance of the verified nodes, the verify and draft seconds, the whole round's
+        seconds (round_s: drafting, verify, accept and commit) for the measured arms, and the seconds the drafter
+        spent catching up on plain steps before it (catch_up_s: what a probe of a tree costs on top)."""
         rows, n = len(tree.tokens), tree.size
+        if shape is not PLAIN and self.after_plain:  # this tree's drafter caught up on the plain steps before it
+            old = self.catch_up.get(bucket(rows), catch_up_s)
+            self.catch_up[bucket(rows)] = old + self.alpha * (catch_up_s - old)
+        self.after_plain = shape is PLAIN
         ratio = verify_s / max(self._profiled(rows, n), 1e-9)
         shape_key = ("verify", rows, self.padded(n))
         if shape_key not in self.warm:  # a forward shape's first run may compile its graphs: not a sample

@@ -351,7 +351,7 @@ class SpeculativeDecoder:
         t4 = time.perf_counter()
         self._count(totals, tree, acc, t2 - t0 + t4 - t3, t3 - t2)
         if self.budget:
-            self.budget.observe(shape, tree, acc, greedy, t3 - t2, t2 - t1 + t4 - t3, t4 - t0)  # whole: catch-up too
+            self.budget.observe(shape, tree, acc, greedy, t3 - t2, t2 - t1 + t4 - t3, t4 - t1, t1 - t0)
 
     def _count(self, totals, tree, acc, draft_s, verify_s):
         totals["draft_time_s"] += draft_s

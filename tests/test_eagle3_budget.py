@@ -141,9 +141,10 @@ def measured_budget():
     return budget
 
 
-def run(budget, rounds, rates):
+def run(budget, rounds, rates, catch_up_s=0.0):
     """Plan and observe `rounds` rounds at batch 1 whose whole rounds give rates[arm] tokens/s (arm: PLAIN or a
-    depth; a tree round emits 2 tokens); returns the arms taken."""
+    depth; a tree round emits 2 tokens), a tree after plain steps first catching up for catch_up_s; returns the arms
+    taken."""
     tree, acc = chain_tree(1, [0.9, 0.8]), Accepted(torch.tensor([[0, 1, 1]]), torch.tensor([2]), torch.tensor([5]))
     plain, plain_acc = plain_round(1)
     taken = []
@@ -154,7 +155,9 @@ def run(budget, rounds, rates):
         if arm is PLAIN:
             budget.observe(PLAIN, plain, plain_acc, True, 0.01, 0.0, round_s=1 / rates[PLAIN])
         else:
-            budget.observe(shape, tree, acc, True, 0.01, 0.001, round_s=2 / rates[arm])
+            after_plain = len(taken) > 1 and taken[-2] is PLAIN
+            budget.observe(shape, tree, acc, True, 0.01, 0.001, round_s=2 / rates[arm],
+                           catch_up_s=catch_up_s if after_plain else 0.0)
     return taken
 
 
@@ -183,6 +186,23 @@ def test_measured_plain_steps_win_over_a_model_that_predicts_trees():
     assert len(gaps) >= 2 and (gaps[1:] >= 2 * gaps[:-1] - 1).all()  # each re-measurement waits twice as long
     probe = (2 / 95.0) / (1 / 100.0)  # a depth-1 round's seconds in plain rounds
     assert (gaps >= probe / PROBE_SHARE - 1).all()
+
+
+def test_a_trees_catch_up_after_plain_steps_spaces_its_probes_but_not_its_speed():
+    """Depth 2 is the fastest arm in steady rounds, and every probe of it after plain steps first pays a catch-up
+    of 10 plain rounds' seconds: counted in the arm's speed, such probes would keep it below plain steps for good.
+    The budget still finds and keeps depth 2; where plain steps are best, the catch-up spaces the probes so that they
+    stay a PROBE_SHARE of the time."""
+    budget = measured_budget()
+    taken = run(budget, 200, {PLAIN: 100.0, 1: 90.0, 2: 120.0, 3: 110.0, 4: 100.0}, catch_up_s=0.1)
+    assert taken[100:].count(2) >= 90
+    budget = measured_budget()
+    taken = run(budget, 1000, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0}, catch_up_s=0.1)
+    probes = [i for i, a in enumerate(taken) if a == 1]  # depth 1 measured for `samples` rounds, then re-measured
+    assert budget.catch_up[0] == pytest.approx(0.1) and set(taken[30:]) <= {PLAIN, 1} and len(probes) >= 3
+    # the first re-measurement waits until it costs a PROBE_SHARE of the time, its catch-up included (without one it
+    # comes after `refresh` rounds, test above)
+    assert np.diff(probes)[-1] >= ((2 / 95.0) + 0.1) / (1 / 100.0) / PROBE_SHARE - 1
 
 
 def test_arms_of_many_rows_are_trusted_after_fewer_rounds():

@@ -24,6 +24,24 @@ def test_ancestor_mask_and_depth():
         assert torch.nonzero(mask[0, i]).flatten().tolist() == anc
 
 
+def test_ancestor_mask_matches_a_walk_up_the_parents_on_random_trees():
+    g = torch.Generator().manual_seed(0)
+    for N in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33):
+        # random trees (each node's parent an earlier node), and a chain: the deepest tree of N nodes
+        trees = [torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, 1 << 30, (N - 1,), generator=g)
+                            % torch.arange(1, N).clamp(min=1)]) for _ in range(3)] + [(torch.arange(N) - 1).clamp(min=0)]
+        parents = torch.stack(trees)
+        mask, depth = ancestor_mask(parents)
+        for b, ps in enumerate(parents.tolist()):
+            for i in range(N):
+                anc, j = {i}, i
+                while j:
+                    j = ps[j]
+                    anc.add(j)
+                assert set(torch.nonzero(mask[b, i]).flatten().tolist()) == anc, (N, b, i)
+                assert depth[b, i] == len(anc) - 1
+
+
 def _tree(tokens):
     mask, depth = ancestor_mask(PARENTS)
     return Tree(torch.tensor([tokens]), PARENTS, depth, mask)
