@@ -139,6 +139,8 @@ class DraftBudget:
         self.measured, self.samples, self.refresh, self.clock = {}, samples, refresh, {}
         self.refreshed = {}  # bucket -> (round of the last re-measurement, rounds until the next, the best arm then)
         self.catch_up = {}   # bucket -> running seconds of the drafter's catch-up before a tree that follows plain steps
+        self.probing = {}    # bucket -> (arm being re-measured, rounds of it still to run)
+        self.fresh = {}      # (bucket, arm) -> rounds since its re-measurement began: they average evenly at first
         self.after_plain = False
         self.choice = {}     # (rows, greedy) -> the model's last choice (PLAIN or a depth)
 
@@ -216,6 +218,10 @@ class DraftBudget:
             return MODEL
         if m.get(PLAIN, [0, 0])[1] < enough:  # plain steps are the yardstick: measure them too
             return PLAIN
+        arm, left = self.probing.get(b, (None, 0))
+        if left:  # a re-measurement runs `enough` rounds in a row
+            self.probing[b] = (arm, left - 1)
+            return arm
         best = max(m, key=lambda a: m[a][0] if m[a][1] >= enough else -1.0)
         arms = [PLAIN, *range(1, self.depth + 1)]
         i = arms.index(best)
@@ -223,18 +229,22 @@ class DraftBudget:
         for a in near:  # a neighbour not yet measured enough
             if m.get(a, [0, 0])[1] < enough:
                 return a
-        # Re-measure the stalest neighbour now and then (the landscape moves with the context and the prompts), less
-        # often each time while the best arm stays the best.
+        # Re-measure the stalest neighbour (or the model's choice) now and then, less often each time while the best
+        # arm stays the best: the landscape moves with the context and the prompts, and the machine's own speed with
+        # its load (a 2-core VM ran plain steps 35% faster one minute than the one before, so a tree measured in the
+        # slow minute looked slower than plain steps measured since). The re-measurement runs `enough` rounds and
+        # replaces the arm's speed rather than nudging it, so the arms it compares were measured minutes apart at most.
         last, wait, kept = self.refreshed.get(b, (0, self.refresh, best))
         if kept != best:
             wait = self.refresh
         if now - last >= wait:
-            stale = min((a for a in near if a != best), key=lambda a: m[a][2])
+            stale = min((a for a in {*near, choice} if a != best), key=lambda a: m[a][2])
             # The next look waits twice as long, and long enough that probes like this one (a losing tree with
             # the head's catch-up costs several plain rounds at batch 32) stay a PROBE_SHARE of the time.
             switch = self.catch_up.get(b, 0.0) if best is PLAIN else 0.0  # a tree after plain steps catches up first
-            probe = (m[stale][4] + switch) / max(m[best][4], 1e-9)
+            probe = (enough * m[stale][4] + switch) / max(m[best][4], 1e-9)
             self.refreshed[b] = (now, min(max(2 * wait, round(probe / PROBE_SHARE)), self.max_explore), best)
+            self.probing[b], self.fresh[(b, stale)] = (stale, enough - 1), 0
             return stale
         self.refreshed[b] = (last, wait, best)
         return best
@@ -321,6 +331,11 @@ class DraftBudget:
         m = self.measured.setdefault(b, {})
         plain_s = self._profiled(rows, 1) / rows  # profiled seconds per token of a plain step at this row count
         rate, n, _, tok, sec = m.get(arm, [0.0, 0, 0, tokens * plain_s, round_s])
+        if (b, arm) in self.fresh:  # re-measured: its k-th round counts 1/k, older rounds fade out
+            k = self.fresh[(b, arm)] = self.fresh[(b, arm)] + 1
+            if k * alpha >= 1:  # from here on the running average's own weight
+                del self.fresh[(b, arm)]
+            alpha = max(alpha, 1.0 / k)
         tok, sec = tok + alpha * (tokens * plain_s - tok), sec + alpha * (round_s - sec)
         m[arm] = [tok / sec, n + 1, self.clock.get(b, 0), tok, sec]
 

@@ -174,18 +174,38 @@ def test_measured_arms_settle_on_the_fastest_and_keep_checking_its_neighbours():
     assert budget.measured[0][3][0] == pytest.approx(140.0 * budget._profiled(1, 1))  # relative to the profile
 
 
+def probes(taken, arms):
+    """Where a run of rounds of one of `arms` begins: (index, arm)."""
+    return [(i, a) for i, a in enumerate(taken) if a in arms and (i == 0 or taken[i - 1] != a)]
+
+
 def test_measured_plain_steps_win_over_a_model_that_predicts_trees():
     """The model drafts depth 2, but whole tree rounds of every depth measure slower than plain steps: after the
-    first samples nearly every round is plain, depth 1 re-measured after 10 rounds, then after twice as long each
-    time, and never so soon that its probes take more than PROBE_SHARE of the time."""
+    first samples nearly every round is plain; depth 1 (plain's neighbour) and depth 2 (the model's choice) are
+    re-measured in turn, `samples` rounds at a time, each time after twice as long, and never so soon that the probes
+    take more than PROBE_SHARE of the time."""
     budget = measured_budget()
-    taken = run(budget, 1000, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0})
-    late = taken[30:]
-    assert set(late) <= {PLAIN, 1}
-    gaps = np.diff([i for i, a in enumerate(late) if a == 1])
-    assert len(gaps) >= 2 and (gaps[1:] >= 2 * gaps[:-1] - 1).all()  # each re-measurement waits twice as long
-    probe = (2 / 95.0) / (1 / 100.0)  # a depth-1 round's seconds in plain rounds
+    taken = run(budget, 3000, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0})
+    late = probes(taken[30:], {1, 2, 3, 4})
+    assert {a for _, a in late} == {1, 2}
+    assert all(taken[30 + i: 32 + i] == [a, a] for i, a in late)  # samples=2 rounds in a row
+    gaps = np.diff([i for i, _ in late])
+    # each re-measurement waits twice as long, up to max_explore rounds
+    assert len(gaps) >= 3 and (gaps[1:] >= np.minimum(2 * gaps[:-1] - 2, budget.max_explore)).all()
+    probe = 2 * (2 / 95.0) / (1 / 100.0)  # two depth-1 rounds' seconds in plain rounds
     assert (gaps >= probe / PROBE_SHARE - 1).all()
+
+
+def test_a_re_measurement_replaces_an_arms_old_speed():
+    """Depth 2 measured slow once (a busy minute), then the machine is as before: re-measured after plain steps
+    took over, its speed is what its new rounds measure, not a running average still weighed down by the old ones,
+    and the budget goes back to it."""
+    budget = measured_budget()
+    run(budget, 12, {PLAIN: 100.0, 1: 50.0, 2: 60.0, 3: 50.0, 4: 50.0})
+    assert budget.plan(1, True) is PLAIN
+    taken = run(budget, 1500, {PLAIN: 100.0, 1: 50.0, 2: 150.0, 3: 50.0, 4: 50.0})
+    assert taken[-100:].count(2) >= 95
+    assert budget.measured[0][2][0] == pytest.approx(150.0 * budget._profiled(1, 1), rel=0.02)
 
 
 def test_a_trees_catch_up_after_plain_steps_spaces_its_probes_but_not_its_speed():
@@ -197,12 +217,13 @@ def test_a_trees_catch_up_after_plain_steps_spaces_its_probes_but_not_its_speed(
     taken = run(budget, 200, {PLAIN: 100.0, 1: 90.0, 2: 120.0, 3: 110.0, 4: 100.0}, catch_up_s=0.1)
     assert taken[100:].count(2) >= 90
     budget = measured_budget()
-    taken = run(budget, 1000, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0}, catch_up_s=0.1)
-    probes = [i for i, a in enumerate(taken) if a == 1]  # depth 1 measured for `samples` rounds, then re-measured
-    assert budget.catch_up[0] == pytest.approx(0.1) and set(taken[30:]) <= {PLAIN, 1} and len(probes) >= 3
-    # the first re-measurement waits until it costs a PROBE_SHARE of the time, its catch-up included (without one it
-    # comes after `refresh` rounds, test above)
-    assert np.diff(probes)[-1] >= ((2 / 95.0) + 0.1) / (1 / 100.0) / PROBE_SHARE - 1
+    taken = run(budget, 3000, {PLAIN: 100.0, 1: 95.0, 2: 80.0, 3: 70.0, 4: 60.0}, catch_up_s=0.1)
+    late = probes(taken[10:], {1, 2, 3, 4})
+    assert budget.catch_up[0] == pytest.approx(0.1) and len(late) >= 2
+    # re-measurements wait until they cost a PROBE_SHARE of the time, their catch-up included (without one the first
+    # comes sooner, test above)
+    probe = (2 * (2 / 95.0) + 0.1) / (1 / 100.0)
+    assert (np.diff([i for i, _ in late]) >= probe / PROBE_SHARE - 1).all()
 
 
 def test_arms_of_many_rows_are_trusted_after_fewer_rounds():
