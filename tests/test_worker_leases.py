@@ -116,9 +116,10 @@ def test_a_whole_worker_killed_mid_batch_is_recovered_by_a_fresh_worker(stack):
     first = worker_on(stack, app, "killed")
     try:
         first.wait_ready()
-        # 4 decoding + 4 prefetched (2 x BATCH_SIZE) held by the worker; 2 more wait in Redis.
+        # 4 decoding + 4 prefetched (2 x BATCH_SIZE) held by the worker; 2 more wait in Redis. 900 tokens, most of the
+        # tiny target's 1,024: on a Zen 5 EPYC a batch of 200 once finished between the poll below and the kill.
         job = submit(client_for(app), {"items": [{"prompt": f"Killed {i}"} for i in range(10)],
-                                       "params": {"max_new_tokens": 200}})["id"]
+                                       "params": {"max_new_tokens": 900}})["id"]
         wait_until(lambda: counts(Session, job).get(("running", True)) == 4
                    and counts(Session, job).get(("queued", True)) == 4, 60, "a batch decoding, the next leased")
         for process in whole_worker(first):
