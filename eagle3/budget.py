@@ -28,14 +28,14 @@ and each depth — keeps the measured speed of its whole rounds (drafting, verif
 costs but the drafter's catch-up on the plain steps before it, which is what switching arms costs, not what the arm
 does: counted in, it fell on every probe of a tree after plain steps, and on a 2-core AVX-512 EPYC depth-2 trees then
 measured 0.89x plain steps while, drafted every round, they ran 1.09x vanilla; the budget stayed on plain steps at
-0.94x vanilla. Probes are spaced by it instead), as tokens per second relative to the profile's plain step at the round's row count, so that the counts of a
-bucket compare: a batch whose rows finish one by one measures its arms once, not again at 7, 6 and 5 rows, where
-each probe of a losing tree costs throughput (on the AVX512 EPYC trees lose by ~1/3 at batch 8). Once the
-model's choice and plain steps are measured, plan takes the best measured arm, after trying each neighbour of it
-(one level shallower or deeper, plain below depth 1) for `samples` rows' worth of rounds (at least 2), and
-re-measures the stalest neighbour after `refresh` rounds, then after twice as many while the best arm stays the best,
-and never so soon that such probes take more than PROBE_SHARE of the time (up to `max_explore`): the model picks where
-to start, measurements pick where to stay.
+0.94x vanilla. Probes are spaced by it instead), as tokens per second relative to the profile's plain step at the
+round's row count, so that the counts of a bucket compare: a batch whose rows finish one by one measures its arms
+once, not again at 7, 6 and 5 rows, where each probe of a losing tree costs throughput (on the AVX512 EPYC trees lose
+by ~1/3 at batch 8). Once the model's choice and plain steps are measured, plan takes the best measured arm, after
+trying each neighbour of it (one level shallower or deeper, plain below depth 1) for `samples` rows' worth of rounds
+(at least 2), and re-measures the stalest neighbour or the model's choice, as many rounds, after `refresh` rounds, then
+after twice as many while the best arm stays the best, and never so soon that such probes take more than PROBE_SHARE
+of the time (up to `max_explore`): the model picks where to start, measurements pick where to stay.
 """
 import numpy as np
 import torch
@@ -138,7 +138,7 @@ class DraftBudget:
         # step, rounds, round last measured, running profiled plain seconds of the tokens and seconds of a round]}.
         self.measured, self.samples, self.refresh, self.clock = {}, samples, refresh, {}
         self.refreshed = {}  # bucket -> (round of the last re-measurement, rounds until the next, the best arm then)
-        self.catch_up = {}   # bucket -> running seconds of the drafter's catch-up before a tree that follows plain steps
+        self.catch_up = {}   # bucket -> running seconds of the drafter's catch-up before a tree after plain steps
         self.probing = {}    # bucket -> (arm being re-measured, rounds of it still to run)
         self.fresh = {}      # (bucket, arm) -> rounds since its re-measurement began: they average evenly at first
         self.after_plain = False
