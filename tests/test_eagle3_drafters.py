@@ -73,6 +73,19 @@ def test_suffix_index_finds_the_longest_match_most_recent_first():
     assert idx.continuations(idx.seqs["b"], depth=3, limit=5) == (3, [[1, 2, 3]])  # "2 3 4", in a
 
 
+def test_suffix_index_holds_only_occurrences_that_something_followed():
+    """Rows that share their text end in the same n-grams: were those ends indexed, each lookup would step over one
+    per row before a useful occurrence (O(rows) per row and round)."""
+    idx = SuffixIndex(max_n=3)
+    for row in range(50):
+        idx.extend(row, [5, 6, 7, 8])
+    assert all(end < len(idx.seqs[key]) for occurrences in idx.where.values() for key, end in occurrences)
+    assert len(idx.where[(7, 8)]) == 0 and len(idx.where[(6, 7)]) == 50
+    assert idx.continuations(idx.seqs[49], depth=2, limit=3) == (0, [])  # "8" never had anything after it
+    idx.extend(0, [9])
+    assert idx.continuations(idx.seqs[49], depth=2, limit=3) == (3, [[9]])
+
+
 def test_trie_keeps_shared_nodes_parents_first():
     conts = [[1, 2, 3], [1, 2, 4], [1, 5], [6]]
     assert trie_nodes(conts, k=2, budget=10, min_prob=0.0)[0] == [(0, 1), (0, 6), (1, 2), (1, 5), (3, 3), (3, 4)]

@@ -16,7 +16,12 @@ from .base import Drafter
 
 
 class SuffixIndex:
-    """Token sequences by key, and for every n-gram (n <= max_n) of each, where it ended."""
+    """Token sequences by key, and for every n-gram (n <= max_n) of each that something followed, where it ended.
+
+    An n-gram is indexed when the token after it arrives, not when it ends: rows of a batch that share their text
+    (a job's items on one template, or one prompt sampled many times) all end in the same n-grams, and had those ends
+    been indexed, every lookup would step over one empty occurrence per row before the useful ones, O(rows) per row
+    and round (one call of 6,000 such rows ran 64 s, six calls of 1,000 8.5 s)."""
 
     def __init__(self, max_n=8):
         self.max_n = max_n
@@ -26,10 +31,10 @@ class SuffixIndex:
     def extend(self, key, tokens):
         seq = self.seqs.setdefault(key, [])
         for t in tokens:
-            seq.append(t)
-            end = len(seq)
+            end = len(seq)  # the n-grams ending here get their first continuation token, t
             for n in range(1, min(self.max_n, end) + 1):
                 self.where[tuple(seq[end - n:])].append((key, end))
+            seq.append(t)
 
     def continuations(self, context, depth, limit):
         """The longest suffix of `context` (at most max_n tokens) seen before with something after it: (its length,
@@ -37,11 +42,9 @@ class SuffixIndex:
         for n in range(min(self.max_n, len(context)), 0, -1):
             found = []
             for key, end in reversed(self.where.get(tuple(context[-n:]), ())):
-                cont = self.seqs[key][end: end + depth]
-                if cont:  # the context's own end has nothing after it yet
-                    found.append(cont)
-                    if len(found) == limit:
-                        break
+                found.append(self.seqs[key][end: end + depth])
+                if len(found) == limit:
+                    break
             if found:
                 return n, found
         return 0, []
