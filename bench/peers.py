@@ -34,6 +34,8 @@ FORMATS = {"int4": ": the GGUF Q4_1 blocks through torch's int4 kernel",
            "int4 (AMX kernel)": ": the GGUF Q4_1 blocks and Q8_0 lm_head through the engine's AMX kernel (eagle3/amx.py)",
            "int4 (VNNI kernel)": ": the GGUF Q4_1 blocks and Q8_0 lm_head through the engine's VNNI kernel (eagle3/vnni.py)",
            "int4 (AVX2 kernel)": ": the GGUF Q4_1 blocks and Q8_0 lm_head through the VNNI kernel's AVX2 build (eagle3/vnni.py)",
+           "int4 (AVX2 kernel, 1-digit activations)": ": the GGUF Q4_1 blocks and Q8_0 lm_head through the VNNI kernel's "
+                                                      "AVX2 build (eagle3/vnni.py), activations in one int8 digit",
            "int8": ": int8 weights through fbgemm, per-row int8 activations"}
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -40,6 +40,57 @@ def test_a_row_gets_the_same_bits_in_every_bucket(int4_target):
             assert torch.equal(_forward(model, cache, toks[:, :T], 20), torch.stack(steps[:T])), T
 
 
+@pytest.fixture
+def cpp_wrapper(monkeypatch):
+    """From here to the test's end compiled steps run inductor's C++ wrapper, the engine's default on CPUs (conftest
+    turns it off for the other tests)."""
+    monkeypatch.setenv("EAGLE3_CPP_WRAPPER", "1")
+    for f in (compiled._layers, compiled._head):
+        f.cache_clear()
+    yield
+    for f in (compiled._layers, compiled._head):
+        f.cache_clear()
+
+
+def _fp32_kernel_target():
+    """The tiny target as CPUs without AVX512-BF16 run it: fp32, the VNNI kernel (or its AVX2 build), fp32 attention."""
+    from eagle3 import vnni
+
+    return small_vocab_target(dtype=torch.float32, int4=True) if vnni.available() else None
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp32 kernel"])
+def test_the_cpp_wrapper_gives_the_python_wrappers_bits_and_stays_lossless(kind, int4_target, cpp_wrapper,
+                                                                           monkeypatch):
+    """The C++ wrapper runs the same kernels: each bucket's logits have the Python wrapper's bits, and speculation
+    in its steps emits vanilla's tokens."""
+    target = int4_target if kind == "bf16" else _fp32_kernel_target()
+    if target is None:
+        pytest.skip("no build of the VNNI kernel runs on this CPU")
+    assert compiled._options()["cpp_wrapper"] == (not torch.cuda.is_available())
+    model, g = target.model, torch.Generator().manual_seed(3)
+    prompt, toks = torch.randint(0, 8, (1, 12), generator=g), torch.randint(0, 8, (1, 5), generator=g)
+
+    def logits(T):
+        cache = model.new_cache(1, 32)
+        with torch.no_grad(), compiled.compiled_steps():
+            model(prompt, torch.arange(12)[None], cache, torch.ones(12, 12, dtype=torch.bool).tril()[None])
+            cache.lens[:] = 12
+            return _forward(model, cache, toks[:, :T], 12)
+
+    cpp = {T: logits(T) for T in (1, 5)}
+    monkeypatch.setenv("EAGLE3_CPP_WRAPPER", "0")
+    compiled._layers.cache_clear()
+    assert all(torch.equal(logits(T), cpp[T]) for T in (1, 5))
+    monkeypatch.setenv("EAGLE3_CPP_WRAPPER", "1")
+    compiled._layers.cache_clear()
+    dec = decoder_for(target, parallel_degree=2, depth=3, total_tokens=6)
+    prompts = random_prompts(6, 8, seed=4)
+    vanilla = dec.generate_ids(prompts, max_new_tokens=16, speculative=False, batch_size=1)
+    spec = dec.generate_ids(prompts, max_new_tokens=16, batch_size=3)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla] and dec.last_stats["accept_length"] > 1.1
+
+
 def test_padding_leaves_the_real_tokens_alone():
     """pad(): extra tokens see only themselves and come after the real ones, so the real tokens' logits are those of
     the unpadded forward (float64 target, eager: exact to rounding)."""

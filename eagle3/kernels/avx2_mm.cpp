@@ -5,8 +5,10 @@
 // AVX2 has no vpdpbusd: vpmaddubsw multiplies unsigned weight bytes by signed activation bytes and adds each pair into
 // an int16 lane (saturating), vpmaddwd then adds pairs of those into int32. A Q4_1 pair is at most 2 * 15 * 127 =
 // 3810, so the 8 pairs of lane (c, 2j) over a block add up in int16 without saturating (30480); the int32 step runs
-// once per block. A Q8_0 weight (stored as q + 128, up to 255) would saturate a pair, so its bytes are split into two
-// nibbles, two Q4 products: 16 * sum(hi * x) + sum(lo * x), exactly the same integer sum.
+// once per block. A Q8_0 weight (stored as q + 128, up to 255) would saturate a pair, so it is turned back into the
+// signed q and multiplied as |q| times x with q's sign (vpsignb; a pair is at most 2 * 128 * 127 = 32512), summed
+// into int32 at every step, and sum((q + 128) * x) = sum(q * x) + 128 * sum(x) gives exactly the same integer sum.
+// (It had been split into two nibbles, two Q4 products: half again as many instructions a block.)
 //
 // A ymm holds 8 columns, half of a 16-column panel: each half of the panel makes its own pass over the blocks (the
 // panel, at most 24 KB, stays in L1 between the passes).
@@ -21,21 +23,21 @@ namespace {
 
 constexpr int COLS = 16, HALF = 8, BLOCK = 32, S = 2 * COLS;
 
-// Quad-vector t (0..7) of a block for half h of the panel (lane c: 4 unsigned bytes in 0..15, column 8h + c at
-// inputs 4t..4t+3). Q4_1: a nibble of nibble vector t / 2. Q8_0 (q + 128): part 0 the high nibbles, part 1 the low.
+// Quad-vector t (0..7) of a block for half h of the panel (lane c: 4 bytes, column 8h + c at inputs 4t..4t+3).
+// Q4_1: 4 unsigned bytes in 0..15, a nibble of nibble vector t / 2. Q8_0: the signed q (stored as q + 128).
 struct Q4 {
-  static constexpr int W = BLOCK / 2 * COLS, PARTS = 1;
-  static __m256i quad(const uint8_t* wb, int h, int, int t) {
+  static constexpr int W = BLOCK / 2 * COLS;
+  static __m256i quad(const uint8_t* wb, int h, int t) {
     const __m256i packed = _mm256_loadu_si256((const __m256i*)(wb + 64 * (t / 2) + 32 * h));
     return _mm256_and_si256(t % 2 ? _mm256_srli_epi16(packed, 4) : packed, _mm256_set1_epi8(0x0F));
   }
 };
 
 struct Q8 {
-  static constexpr int W = BLOCK * COLS, PARTS = 2;
-  static __m256i quad(const uint8_t* wb, int h, int part, int t) {
+  static constexpr int W = BLOCK * COLS;
+  static __m256i quad(const uint8_t* wb, int h, int t) {
     const __m256i bytes = _mm256_loadu_si256((const __m256i*)(wb + 64 * t + 32 * h));
-    return _mm256_and_si256(part == 0 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
+    return _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x80));
   }
 };
 
@@ -59,7 +61,7 @@ inline void store8(int8_t* dst, __m256i v) {  // 8 int32 in -128..127 -> 8 bytes
 
 // As vnni_mm.cpp's quantise, operation for operation (round to nearest even, the same multiplies).
 template <int DIGITS>
-void quantise(const float* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2, float* dx, float* sx) {
+void quantise(const float* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2, float* dx, float* sx, int32_t* xs) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t i = 0; i < M * K / BLOCK; ++i) {
     __m256 v[4], amax = _mm256_setzero_ps();
@@ -83,17 +85,63 @@ void quantise(const float* x, int64_t M, int64_t K, int8_t* xq1, int8_t* xq2, fl
       }
     }
     dx[i] = DIGITS == 1 ? step : step / 128.0f;
-    sx[i] = dx[i] * (float)hsum(sum);
+    xs[i] = hsum(sum);
+    sx[i] = dx[i] * (float)xs[i];
   }
 }
 
-// R rows x half h of a panel over all K. Each quad-vector is unpacked once for the R rows, and the rows' int16 sums
-// (one per row and digit) are independent chains the core runs side by side.
-template <class F, int R, int DIGITS>
-void rows_half(const int8_t* const* xq, const float* dx, const float* sx, int64_t K, const uint8_t* w,
-               const uint16_t* sc, int h, float* y, int64_t ldy) {
-  const int64_t G = K / BLOCK;
+// The integer sums sum(w * X) of R rows with half h of a panel's block b, w as stored (Q8_0: q + 128). Each
+// quad-vector is unpacked once for the R rows, and the rows' sums (one per row and digit) are independent chains
+// the core runs side by side.
+template <int R, int DIGITS>
+void block_sums(Q4, const uint8_t* wb, int h, const int8_t* const* xq, int64_t K, int64_t b, const int32_t*, int64_t,
+                __m256i* isum) {
+  __m256i s16[R][DIGITS];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < DIGITS; ++g) s16[r][g] = _mm256_setzero_si256();
+  for (int t = 0; t < 8; ++t) {
+    const __m256i q = Q4::quad(wb, h, t);
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < DIGITS; ++g) {
+        const int32_t x = ((const int32_t*)(xq[g] + r * K + b * BLOCK))[t];
+        s16[r][g] = _mm256_add_epi16(s16[r][g], _mm256_maddubs_epi16(q, _mm256_set1_epi32(x)));
+      }
+  }
   const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < R; ++r) {  // sum q * X = 128 * sum q * xq1 + sum q * xq2
+    isum[r] = _mm256_madd_epi16(s16[r][0], ones);
+    if (DIGITS == 2) isum[r] = _mm256_add_epi32(_mm256_slli_epi32(isum[r], 7), _mm256_madd_epi16(s16[r][1], ones));
+  }
+}
+
+template <int R, int DIGITS>
+void block_sums(Q8, const uint8_t* wb, int h, const int8_t* const* xq, int64_t K, int64_t b, const int32_t* xs,
+                int64_t G, __m256i* isum) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i s32[R][DIGITS];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < DIGITS; ++g) s32[r][g] = _mm256_setzero_si256();
+  for (int t = 0; t < 8; ++t) {
+    const __m256i q = Q8::quad(wb, h, t), size = _mm256_abs_epi8(q);  // -128 -> 0x80, read unsigned: 128
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < DIGITS; ++g) {
+        const __m256i x = _mm256_set1_epi32(((const int32_t*)(xq[g] + r * K + b * BLOCK))[t]);
+        const __m256i pairs = _mm256_maddubs_epi16(size, _mm256_sign_epi8(x, q));
+        s32[r][g] = _mm256_add_epi32(s32[r][g], _mm256_madd_epi16(pairs, ones));
+      }
+  }
+  for (int r = 0; r < R; ++r) {  // sum (q + 128) * X = sum q * X + 128 * sum X
+    __m256i s = s32[r][0];
+    if (DIGITS == 2) s = _mm256_add_epi32(_mm256_slli_epi32(s, 7), s32[r][1]);
+    isum[r] = _mm256_add_epi32(s, _mm256_set1_epi32(xs[r * G + b] * 128));
+  }
+}
+
+// R rows x half h of a panel over all K: per block the integer sums, then y += sums * (d * dx) + m * sx.
+template <class F, int R, int DIGITS>
+void rows_half(const int8_t* const* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
+               const uint8_t* w, const uint16_t* sc, int h, float* y, int64_t ldy) {
+  const int64_t G = K / BLOCK;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < G; ++b) {
@@ -104,24 +152,7 @@ void rows_half(const int8_t* const* xq, const float* dx, const float* sx, int64_
     const char* next = (const char*)(wb + G * F::W + h * (F::W / 2));
     for (int line = 0; line < F::W / 2; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
     __m256i isum[R];
-    for (int p = 0; p < F::PARTS; ++p) {
-      __m256i s16[R][DIGITS];
-      for (int r = 0; r < R; ++r)
-        for (int g = 0; g < DIGITS; ++g) s16[r][g] = _mm256_setzero_si256();
-      for (int t = 0; t < 8; ++t) {
-        const __m256i q = F::quad(wb, h, p, t);
-        for (int r = 0; r < R; ++r)
-          for (int g = 0; g < DIGITS; ++g) {
-            const int32_t x = ((const int32_t*)(xq[g] + r * K + b * BLOCK))[t];
-            s16[r][g] = _mm256_add_epi16(s16[r][g], _mm256_maddubs_epi16(q, _mm256_set1_epi32(x)));
-          }
-      }
-      for (int r = 0; r < R; ++r) {  // sum q * X = 128 * sum q * xq1 + sum q * xq2; Q8: 16 * high part + low part
-        __m256i s = _mm256_madd_epi16(s16[r][0], ones);
-        if (DIGITS == 2) s = _mm256_add_epi32(_mm256_slli_epi32(s, 7), _mm256_madd_epi16(s16[r][1], ones));
-        isum[r] = p == 0 ? s : _mm256_add_epi32(_mm256_slli_epi32(isum[r], 4), s);
-      }
-    }
+    block_sums<R, DIGITS>(F(), wb, h, xq, K, b, xs, G, isum);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc + b * S + HALF * h)));
     const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc + b * S + COLS + HALF * h)));
     for (int r = 0; r < R; ++r) {
@@ -136,12 +167,13 @@ void rows_half(const int8_t* const* xq, const float* dx, const float* sx, int64_
 constexpr int ROWS = 4;
 
 template <class F, int DIGITS>
-void panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, int64_t M, int64_t K,
-           const uint8_t* w, const uint16_t* sc, float* y, int64_t ldy) {
+void panel(const int8_t* xq1, const int8_t* xq2, const float* dx, const float* sx, const int32_t* xs, int64_t M,
+           int64_t K, const uint8_t* w, const uint16_t* sc, float* y, int64_t ldy) {
   const int64_t G = K / BLOCK;
   auto run = [&](auto rows, int64_t m, int h) {
     const int8_t* xq[2] = {xq1 + m * K, DIGITS == 2 ? xq2 + m * K : xq2};
-    rows_half<F, decltype(rows)::value, DIGITS>(xq, dx + m * G, sx + m * G, K, w, sc, h, y + m * ldy, ldy);
+    rows_half<F, decltype(rows)::value, DIGITS>(xq, dx + m * G, sx + m * G, xs + m * G, K, w, sc, h, y + m * ldy,
+                                                ldy);
   };
   for (int h = 0; h < 2; ++h) {
     int64_t m = 0;
@@ -160,11 +192,12 @@ void multiply(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint
   const int64_t G = K / BLOCK, N = panels * COLS;
   std::vector<int8_t> xq1(M * K), xq2(DIGITS == 2 ? M * K : 0);
   std::vector<float> dx(M * G), sx(M * G);
-  quantise<DIGITS>(x, M, K, xq1.data(), xq2.data(), dx.data(), sx.data());
+  std::vector<int32_t> xs(M * G);
+  quantise<DIGITS>(x, M, K, xq1.data(), xq2.data(), dx.data(), sx.data(), xs.data());
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p)
-      panel<F, DIGITS>(xq1.data(), xq2.data(), dx.data(), sx.data(), M, K, w + p * G * F::W, sc + p * G * S,
-                       y + p * COLS, N);
+      panel<F, DIGITS>(xq1.data(), xq2.data(), dx.data(), sx.data(), xs.data(), M, K, w + p * G * F::W,
+                       sc + p * G * S, y + p * COLS, N);
   });
 }
 
