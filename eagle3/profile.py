@@ -66,13 +66,24 @@ def _interp(x, xs, ys):
 
 def profile_key(target) -> str:
     """What the cost depends on: the machine, the target (name and size), its dtype and device, weight format,
-    row chunks and compiled steps."""
+    row chunks, compiled steps (and their wrapper) and the engine's own kernels."""
     w = target.model.embed_tokens.weight
     params = sum(p.numel() for p in target.model.parameters())
     chunk = hardware.row_chunk(target.model)
+    wrapper = "C++" if compiled._options()["cpp_wrapper"] else "Python"
     return (f"{hardware.describe()} | {target.name} ({params} parameters) | {w.dtype} | {w.device} | "
-            f"weights {weight_format(target.model)} | "
-            f"row chunks {chunk} from {hardware.ROW_CHUNK_FROM} rows | compiled steps {compiled.available(target.model)}")
+            f"weights {weight_format(target.model)} | row chunks {chunk} from {hardware.ROW_CHUNK_FROM} rows | "
+            f"compiled steps {compiled.available(target.model)} ({wrapper} wrapper) | kernels {kernels_digest()}")
+
+
+def kernels_digest() -> str:
+    """A digest of the engine's kernel sources (eagle3/kernels): a changed kernel changes the costs, and a profile
+    kept from before it would price every tree wrongly (on a Zen 3 EPYC a cached profile still had t(1, 1) = 18.5 ms
+    after kernel fixes had brought a plain step to ~9)."""
+    h = hashlib.sha256()
+    for path in sorted((Path(__file__).parent / "kernels").glob("*.cpp")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _fastest_s(fn, reps):

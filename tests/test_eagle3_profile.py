@@ -24,6 +24,23 @@ def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
     assert profile_key(other) != profile_key(target) and profile_path(other) != path  # per dtype
 
 
+def test_the_key_follows_the_kernels_and_the_wrapper(monkeypatch):
+    """A profile measured before a kernel changed, or with the other wrapper around compiled steps, is not read."""
+    from eagle3 import profile
+
+    target = small_vocab_target(layers=2)
+    key = profile_key(target)
+    assert f"kernels {profile.kernels_digest()}" in key
+    wrapper = "0" if "(Python wrapper)" in key else "1"
+    if not torch.cuda.is_available():  # CUDA runs the Python wrapper either way
+        monkeypatch.setenv("EAGLE3_CPP_WRAPPER", "1" if wrapper == "0" else "0")
+        assert profile_key(target) != key
+    monkeypatch.setenv("EAGLE3_CPP_WRAPPER", wrapper)
+    assert profile_key(target) == key
+    monkeypatch.setattr(profile, "kernels_digest", lambda: "changed")
+    assert profile_key(target) != key
+
+
 def test_cost_interpolates_within_and_beyond_the_grid():
     prof = Profile("k", [1, 4], [1, 8], [[1.0, 2.0], [3.0, 9.0]])
     assert prof.cost(1, 1) == 1.0 and prof.cost(4, 8) == 9.0
