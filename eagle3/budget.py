@@ -175,8 +175,18 @@ class DraftBudget:
 
     # ------------------------------------------------------------ the round
 
+    def can_pay(self, rows, d):
+        """Whether drafting depth d could beat plain steps at all: at best d + 1 tokens a row (every level accepted)
+        for a verify of d + 1 nodes (a chain, the cheapest tree that deep) and the drafting, against d + 1 plain
+        steps. Where a forward's cost grows with every token it holds, no tree can: on a 2-core AVX2-only EPYC t(32,
+        2) = 2.4 t(32, 1) (eagle3/profile.py), and measuring and re-measuring trees there cost batch 32 16% of
+        vanilla's speed (bench.peers, 2026-12-07)."""
+        return (d + 1) * self.cost(rows, 1) > self.cost(rows, d + 1) + self.drafting(rows, d)
+
     def plan(self, rows, greedy):
         """The depth to draft this round, as the drafter's shape (parallel_degree, depth, total_tokens), or PLAIN."""
+        if not any(self.can_pay(rows, d) for d in range(1, self.depth + 1)):
+            return self._use(rows, PLAIN)  # no tree can win here: never draft, measure or probe one
         if greedy not in self.gain:
             return self._use(rows, self.depth)  # nothing measured yet: draft the whole tree once
         b = bucket(rows)
@@ -223,7 +233,7 @@ class DraftBudget:
             self.probing[b] = (arm, left - 1)
             return arm
         best = max(m, key=lambda a: m[a][0] if m[a][1] >= enough else -1.0)
-        arms = [PLAIN, *range(1, self.depth + 1)]
+        arms = [PLAIN, *(d for d in range(1, self.depth + 1) if d == best or self.can_pay(rows, d))]
         i = arms.index(best)
         near = arms[max(i - 1, 0): i + 2]
         for a in near:  # a neighbour not yet measured enough
@@ -237,8 +247,9 @@ class DraftBudget:
         last, wait, kept = self.refreshed.get(b, (0, self.refresh, best))
         if kept != best:
             wait = self.refresh
-        if now - last >= wait:
-            stale = min((a for a in {*near, choice} if a != best), key=lambda a: m[a][2])
+        others = [a for a in {*near, choice} if a != best and (a is PLAIN or self.can_pay(rows, a))]
+        if others and now - last >= wait:
+            stale = min(others, key=lambda a: m[a][2])
             # The next look waits twice as long, and long enough that probes like this one (a losing tree with
             # the head's catch-up costs several plain rounds at batch 32) stay a PROBE_SHARE of the time.
             switch = self.catch_up.get(b, 0.0) if best is PLAIN else 0.0  # a tree after plain steps catches up first

@@ -1,7 +1,7 @@
 """Compiled decode steps: the layer stack of a decode or verify forward in a few torch.compile (inductor) calls, as
 gpt-fast compiles its decode step, so a step stops paying for ~1,000 small eager ops and their Python calls.
 
-The layers run in groups of equal size (group_size: SmolLM2's 30 layers as 5 calls of 6); the groups share one graph
+The layers run in groups of equal size (group_size: SmolLM2's 30 layers as 3 calls of 10); the groups share one graph
 (same code, their weights are graph inputs). A group reads the KV cache and never writes it: each layer attends over
 cat(cache[:S], its new keys), S being the longest committed row, and the group's new K/V come back stacked, written
 into the cache with one copy per group (KVCache.write_all). So no graph mutates a buffer that grows, and the shapes
@@ -60,10 +60,13 @@ def layers(blocks, x, rope, k, v, mask):
     return x, inputs, torch.stack(new_k), torch.stack(new_v)
 
 
-def group_size(n_layers, most=8):
+def group_size(n_layers, most=10):
     """Layers per compiled call: the largest divisor of the layer count up to `most`, so every group has the same
-    shape and all share one graph (SmolLM2's 30 layers: 5 calls of 6). A graph of the whole stack would save ~0.4 ms
-    of guard checks a step (0.46 vs 0.86 ms) but compile ~5x longer (47 s vs ~10 s a bucket on 2 cores)."""
+    shape and all share one graph (SmolLM2's 30 layers: 3 calls of 10). Each call pays dynamo's guard checks and
+    wrappers (~0.2 ms on a 2-core Zen 3 EPYC), while a graph compiles in time that grows with its layers: 3 calls of 10
+    measured 0.94x the time of 5 calls of 6 per batch-1 forward (median of 16 alternated blocks of 30 forwards in one
+    process, C++ wrapper, 2026-12-07) and compile ~1.7x longer; a graph of the whole stack compiled ~5x longer (47 s
+    vs ~10 s a bucket on 2 cores)."""
     return max(d for d in range(1, most + 1) if n_layers % d == 0)
 
 

@@ -13,6 +13,10 @@ from eagle3.verify import Accepted
 ROWS, NODES = [1, 8, 32], [1, 2, 4, 8, 16]
 CPU_LIKE = Profile("cpu", ROWS, NODES, [[0.015 + 0.002 * r * n for n in NODES] for r in ROWS])
 FLAT = Profile("flat", ROWS, NODES, [[0.02 for _ in NODES] for _ in ROWS])  # nodes free: a GPU at small batch
+# measured on a 2-core AVX2-only EPYC (eagle3.profile, 2026-12-07): from 8 rows a token costs at least its share
+AVX2 = Profile("avx2", ROWS, NODES, [[0.0185, 0.0227, 0.0316, 0.0515, 0.0813],
+                                     [0.0488, 0.1033, 0.1511, 0.2972, 0.6224],
+                                     [0.1617, 0.3923, 0.7491, 1.6204, 2.8318]])
 
 
 def chain_tree(rows, scores):
@@ -122,6 +126,21 @@ def test_plan_discounts_trees_by_how_their_predictions_held_up():
         budget.observe((2, 2, 4), tree, Accepted(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, dtype=torch.long),
                                                  torch.zeros(1, dtype=torch.long)), True, CPU_LIKE.cost(1, 3), 0.03)
     assert budget.realism[0] < 0.5 and budget.plan(1, True) is PLAIN
+
+
+def test_where_no_tree_can_win_the_plan_never_drafts_one():
+    """At 32 rows on the AVX2 EPYC's profile even a chain with every level accepted loses to plain steps (d + 1
+    tokens for more than d + 1 plain steps' seconds): every round is plain, the first included, and no probe. At
+    batch 1 trees can pay, and the first round drafts the whole tree to learn from."""
+    budget = DraftBudget((2, 4, 8), AVX2)
+    assert not any(budget.can_pay(32, d) for d in range(1, 5))
+    assert all(budget.plan(32, True) is PLAIN for _ in range(3000))
+    assert budget.can_pay(1, 1) and budget.plan(1, True) == (2, 4, 8)
+    budget.trim(chain_tree(1, [0.9, 0.8, 0.3, 0.1]), True)
+    assert all(budget.plan(32, True) is PLAIN for _ in range(3000))
+    assert budget.can_pay(8, 3) and not budget.can_pay(8, 1)  # at 8 rows only deeper chains could
+    budget.draft_s[(3, 3)] = 0.05  # ... until their drafting costs more than they could save
+    assert not budget.can_pay(8, 3)
 
 
 def plain_round(rows):
