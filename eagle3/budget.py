@@ -179,8 +179,8 @@ class DraftBudget:
         """Whether drafting depth d could beat plain steps at all: at best d + 1 tokens a row (every level accepted)
         for a verify of d + 1 nodes (a chain, the cheapest tree that deep) and the drafting, against d + 1 plain
         steps. Where a forward's cost grows with every token it holds, no tree can: on a 2-core AVX2-only EPYC t(32,
-        2) = 2.4 t(32, 1) (eagle3/profile.py), and measuring and re-measuring trees there cost batch 32 16% of
-        vanilla's speed (bench.peers, 2026-12-07)."""
+        2) = 2.4 t(32, 1) (eagle3/profile.py), and while the budget measured and re-measured trees there, EAGLE-3
+        ran batch 32 at 0.84x vanilla (bench.peers, 2026-12-07, a noisy VM)."""
         return (d + 1) * self.cost(rows, 1) > self.cost(rows, d + 1) + self.drafting(rows, d)
 
     def plan(self, rows, greedy):

@@ -160,8 +160,9 @@ def _options():
     """inductor's options: on CPUs a C++ wrapper around the graph's kernels (EAGLE3_CPP_WRAPPER=0: the Python one).
     The Python wrapper's per-kernel calls, size asserts and buffer bookkeeping cost ~1.1 ms of a ~12 ms batch-1
     forward of the default target (torch.profiler, 2-core AVX2-only Zen 3 EPYC, AVX2 kernel); alternated blocks of
-    30 forwards in one process measured 0.83-0.90x the Python wrapper's time (scratch, 2026-12-07). It compiles ~2x
-    longer once; inductor's on-disk cache keeps it."""
+    30 forwards in one process measured 0.83-0.90x the Python wrapper's time (scratch, 2026-12-07). It compiles ~1.4x
+    longer (tests/test_eagle3_compiled.py from a cold cache: 445 s against 326), once: inductor's on-disk cache keeps
+    it."""
     on = os.environ.get("EAGLE3_CPP_WRAPPER", "1").lower() not in ("0", "false", "no", "off")
     return {"cpp_wrapper": on and not torch.cuda.is_available()}
 
