@@ -23,6 +23,16 @@ SOURCE = Path(__file__).parent / "kernels" / "attention.cpp"
 HEAD_DIMS = (16, 32, 64, 128)  # the kernel's
 
 
+# The vector widths own kernels are built for, widest first: CPU flags needed -> compiler flags. Every kernel source
+# must compile at each width it may meet (tests/test_kernel_sources.py), not only at the width of the machine a change
+# was made on: a build that fails falls back quietly (float64 attention ran 2-3x slower on AVX-512 CPUs that way).
+WIDTHS = {
+    "avx512": ({"avx512f", "avx512vl", "fma"}, ["-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512"]),
+    "avx2": ({"avx2", "fma"}, ["-mavx2", "-mfma"]),
+    "base": (set(), []),
+}
+
+
 def build(name, source, fallback, extra_flags=()) -> bool:
     """Compile (or find in torch's extension cache) an own CPU kernel for this CPU's vector width: one build per width,
     so a cache shared by machines never hands one a library it cannot run. False, with a warning saying what runs
@@ -33,12 +43,8 @@ def build(name, source, fallback, extra_flags=()) -> bool:
     from .hardware import cpu_flags
 
     have = cpu_flags()
-    if {"avx512f", "avx512vl", "fma"} <= have:
-        width, flags = "avx512", ["-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512"]
-    elif {"avx2", "fma"} <= have:
-        width, flags = "avx2", ["-mavx2", "-mfma"]
-    else:
-        width, flags = "base", []
+    width = next(w for w, (needs, _) in WIDTHS.items() if needs <= have)
+    flags = WIDTHS[width][1]
     try:
         load(name=f"{name}_{width}", sources=[str(source)], extra_cflags=["-O3", "-fopenmp", *flags, *extra_flags],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)

@@ -41,13 +41,13 @@ inline vec load(const float* p) {
 
 // The 16 lanes (P vectors) added in one fixed tree (halves, quarters, ...).
 inline float hsum(const vec* a) {
-  v8 b;
-  if constexpr (P == 2) {
-    b = a[0] + a[1];
-  } else {
-    b = __builtin_shufflevector(a[0], a[0], 0, 1, 2, 3, 4, 5, 6, 7) +
-        __builtin_shufflevector(a[0], a[0], 8, 9, 10, 11, 12, 13, 14, 15);
-  }
+  // Preprocessor, not `if constexpr`: outside a template both branches must compile for the one vector width.
+#ifdef __AVX512F__
+  v8 b = __builtin_shufflevector(a[0], a[0], 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(a[0], a[0], 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  v8 b = a[0] + a[1];
+#endif
   v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
