@@ -14,7 +14,7 @@ from .adopt import as_target
 from .batch import LiveBatch
 from .draft import Eagle3Head, HeadConfig
 from .drafters import DRAFTERS
-from .layers import Linear, has_int8, int8_linears, own_kernel, row_chunks
+from .layers import Linear, few_rows, has_int8, int8_linears, own_kernel, row_chunks
 from .quant import quantize_q4
 from .budget import PLAIN, DraftBudget, unpadded
 from .profile import load_or_measure
@@ -133,6 +133,7 @@ class SpeculativeDecoder:
         self.configured, self.drafter = (parallel_degree, depth, total_tokens), drafter
         self.budget = DraftBudget(self.configured) if adaptive else None
         self.row_chunk = hardware.row_chunk(self.model)
+        self.few_rows = hardware.few_rows_until(self.model)
         self.compiled = compiled.available(self.model)
         self.last_stats = {}
 
@@ -198,13 +199,13 @@ class SpeculativeDecoder:
         self._load_profile()
         if self.compiled:
             drafts = self.drafter != "suffix"  # the suffix drafter has no head
-            compiled.warm(self.model, 1, self.total_tokens)
-            if drafts:
-                self.head.warm(1)
-            if batch_size > 1 and self._chunk(batch_size) is None:  # calls in row chunks run eager steps
-                compiled.warm(self.model, batch_size, self.total_tokens)
-                if drafts:
-                    self.head.warm(batch_size)
+            for rows in sorted({1, batch_size}):
+                if self._chunk(rows) is not None:  # calls in row chunks run eager steps
+                    continue
+                with few_rows(rows <= self.few_rows):  # the kernel such calls run (their graphs are its own)
+                    compiled.warm(self.model, rows, self.total_tokens)
+                    if drafts:
+                        self.head.warm(rows)
 
     def _load_profile(self):
         if self.budget and self.budget.profile is None:
@@ -269,11 +270,13 @@ class SpeculativeDecoder:
         # (hardware.row_chunk), prefills included: chosen per call from its batch size, so a speculative call and its
         # vanilla twin compute alike.
         # Decode and verify forwards run compiled (eagle3/compiled.py) unless the call uses row chunks.
-        chunk = self._chunk(min(batch_size, len(ids)))
+        # Calls of few rows run the VNNI kernel where Linears have both of the engine's (hardware.few_rows_until).
+        rows = min(batch_size, len(ids))
+        chunk = self._chunk(rows)
         steps_on = self.compiled and chunk is None
         if self.budget:  # a tree costs what its compiled bucket does
             self.budget.padded = compiled.bucket if steps_on else unpadded
-        with row_chunks(chunk), compiled.compiled_steps(steps_on):
+        with row_chunks(chunk), few_rows(rows <= self.few_rows), compiled.compiled_steps(steps_on):
             if speculative:
                 drafter = DRAFTERS[self.drafter](self.target, self.head, self.configured)
                 self._speculative_rounds(batch, drafter, pick, sampling, totals)

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import torch
 
-from .layers import has_amx, has_int4
+from .layers import has_amx, has_both_kernels, has_int4
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
@@ -87,3 +87,18 @@ def row_chunk(model) -> int | None:
     if os.environ.get("EAGLE3_ROW_CHUNK"):
         return int(os.environ["EAGLE3_ROW_CHUNK"]) or None
     return 64 if has_int4(model) and "amx_bf16" in cpu_flags() and not has_amx(model) else None
+
+
+def few_rows_until(model) -> int:
+    """The largest batch size whose calls run the VNNI kernel where a Linear has both of the engine's kernels
+    (layers.few_rows; 0: none). On AMX CPUs the AMX kernel dequantises every weight to bf16 on each call, so its cost
+    is flat from 1 to 16 rows but high at one, where the VNNI kernel's integer products are cheaper: on a 2-core AMX
+    Xeon a forward's linears took 12.4 / 12.6 / 12.9 / 14.6 ms at 1 / 4 / 8 / 16 rows with the AMX kernel and 8.5 /
+    9.9 / 11.8 / 24.8 with the VNNI one (bench.linears, 2026-12-07). A batch-1 call decodes plain steps and trees of
+    up to 16 nodes, so it takes the VNNI kernel; batch 2 and up keep AMX. The two kernels round differently (bf16
+    weights against int8 activation digits), so a prompt may decode differently at batch 1 and 2, as between dtypes;
+    within a call every forward uses one kernel, so speculative output stays identical to vanilla.
+    EAGLE3_FEW_ROWS overrides (a batch size; 0 = always AMX)."""
+    if not has_both_kernels(model):
+        return 0
+    return int(os.environ.get("EAGLE3_FEW_ROWS", "1"))

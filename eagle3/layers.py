@@ -26,6 +26,30 @@ def row_chunks(rows):
         _ROW_CHUNK.reset(token)
 
 
+# On CPUs where both of the engine's int4 kernels run (AMX CPUs have AVX512-VNNI too), Linears pack their blocks for
+# both, and this says which one runs: False, the AMX kernel (its cost flat from 1 to 16 rows, bound by dequantising
+# the weights); True, the VNNI kernel (integer products, cheaper at a few rows, dearer at many). A module global, not
+# a context variable: compiled graphs read it while tracing and dynamo guards on its value, so each kernel gets its
+# own graphs. The decoder sets it per call (few_rows), so a call's plain steps and verify forwards use one kernel.
+_FEW_ROWS = False
+
+
+@contextlib.contextmanager
+def few_rows(on=True):
+    """Within this block, Linears packed for both kernels run the VNNI one (see _FEW_ROWS)."""
+    global _FEW_ROWS
+    old, _FEW_ROWS = _FEW_ROWS, bool(on)
+    try:
+        yield
+    finally:
+        _FEW_ROWS = old
+
+
+def kernel_few_rows() -> bool:
+    """Whether few_rows is on here."""
+    return _FEW_ROWS
+
+
 def _can_pack(w: torch.Tensor) -> bool:
     if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
@@ -79,6 +103,8 @@ class Linear(nn.Module):
         minimum = zero.float() - 8 * scale.float()  # the Q4_1 block's m (exact for the GGUF's fp16 d and m)
         if self._amx_runs(q.shape, group):
             self._amx, self._int4 = tuple(t.to(dev) for t in amx.pack_q4(q, scale, minimum)), None
+            if self._vnni_runs(q.shape, group):  # for calls of few rows (_FEW_ROWS)
+                self._vnni = (*(t.to(dev) for t in vnni.pack_q4(q, scale, minimum)), vnni.digits(), vnni.kind())
             self._set_dense(amx.dense(q, scale, minimum, dt))
             return
         if self._vnni_runs(q.shape, group):
@@ -99,12 +125,13 @@ class Linear(nn.Module):
         or VNNI kernel, where one runs; returns whether it does (elsewhere the dense weight stays as it is). The dense
         weight is rewritten to the same values, and calls need no fixed row chunk: the kernels' rows are invariant."""
         dev = self.weight.device
-        if self._amx_runs(q.shape, 32):
-            self._amx = tuple(t.to(dev) for t in amx.pack_q8(q, d))
-        elif self._vnni_runs(q.shape, 32):
-            self._vnni = (*(t.to(dev) for t in vnni.pack_q8(q, d)), vnni.digits(), vnni.kind())
-        else:
+        amx_runs, vnni_runs = self._amx_runs(q.shape, 32), self._vnni_runs(q.shape, 32)
+        if not (amx_runs or vnni_runs):
             return False
+        if amx_runs:
+            self._amx = tuple(t.to(dev) for t in amx.pack_q8(q, d))
+        if vnni_runs:  # on AMX CPUs too, for calls of few rows (_FEW_ROWS)
+            self._vnni = (*(t.to(dev) for t in vnni.pack_q8(q, d)), vnni.digits(), vnni.kind())
         self._set_dense(amx.dense(q, d, dtype=self.weight.dtype))
         self.fixed_chunk = None
         return True
@@ -138,7 +165,7 @@ class Linear(nn.Module):
         if torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         x = x.to(self.weight.dtype)  # the residual stream may be wider than the weights (fp32 vs bf16 on a CPU)
-        if self._amx is not None:  # row-invariant at any row count: no row chunks needed
+        if self._amx is not None and not (_FEW_ROWS and self._vnni is not None):  # row-invariant: no row chunks
             y = amx.mm(x, *self._amx)
             return y if self.bias is None else y + self.bias
         if self._vnni is not None:  # row-invariant too
@@ -191,6 +218,11 @@ def has_int4(model) -> bool:
 def has_amx(model) -> bool:
     """Whether any Linear of the model runs the AMX kernel (eagle3/amx.py)."""
     return any(isinstance(m, Linear) and m._amx is not None for m in model.modules())
+
+
+def has_both_kernels(model) -> bool:
+    """Whether some Linear of the model is packed for the AMX and the VNNI kernel (layers.few_rows picks)."""
+    return any(isinstance(m, Linear) and m._amx is not None and m._vnni is not None for m in model.modules())
 
 
 def own_kernel(model) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from . import compiled, hardware
-from .layers import row_chunks, weight_format
+from .layers import few_rows, row_chunks, weight_format
 from .target import cache_dir
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -73,6 +73,7 @@ def profile_key(target) -> str:
     wrapper = "C++" if compiled._options()["cpp_wrapper"] else "Python"
     return (f"{hardware.describe()} | {target.name} ({params} parameters) | {w.dtype} | {w.device} | "
             f"weights {weight_format(target.model)} | row chunks {chunk} from {hardware.ROW_CHUNK_FROM} rows | "
+            f"VNNI kernel to batch {hardware.few_rows_until(target.model)} | "
             f"compiled steps {compiled.available(target.model)} ({wrapper} wrapper) | kernels {kernels_digest()}")
 
 
@@ -103,7 +104,7 @@ def _fastest_s(fn, reps):
 def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3, max_tokens=MAX_TOKENS) -> Profile:
     model, dev = target.model, target.model.embed_tokens.weight.device
     context = min(context, target.max_context - max(nodes) - 1)
-    chunk, steps = hardware.row_chunk(model), compiled.available(model)
+    chunk, steps, few = hardware.row_chunk(model), compiled.available(model), hardware.few_rows_until(model)
     seconds = []
     for B in rows:
         cache = model.new_cache(B, context + max(nodes))
@@ -117,7 +118,8 @@ def measure(target, rows=ROWS, nodes=NODES, context=CONTEXT, reps=3, max_tokens=
             pos = (context + torch.arange(N, device=dev)).expand(B, N)
             mask = torch.ones(N, N, dtype=torch.bool, device=dev).tril().expand(B, N, N)  # a chain costs as any tree
             chunked = chunk if B >= hardware.ROW_CHUNK_FROM else None
-            with row_chunks(chunked), compiled.compiled_steps(steps and chunked is None):  # as the decoder runs B rows
+            with row_chunks(chunked), few_rows(B <= few), compiled.compiled_steps(steps and chunked is None):  # as
+                # the decoder runs a call of B rows
                 line.append(_fastest_s(lambda: model(toks, pos, cache, mask), reps))
         seconds.append(line)
     return Profile(profile_key(target), list(rows), list(nodes), seconds)

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
-from . import compiled, vnni
+from . import compiled, layers, vnni
 from .hardware import default_dtype, parse_dtype
 from .layers import (MLP, KVCache, Linear, RMSNorm, Rope, attend, attention_mask, cache_dtype, has_int4,
                      int4_supported, int8_linears, pack_linears, quantises, rotate, stream_dtype)
@@ -135,6 +135,9 @@ class LlamaModel(nn.Module):
 
         Writes K/V at slots cache.lens + 0..T-1 (does not commit). Returns (logits, features): logits [B, T', V] at
         the positions `logits_at` [B, T'] (all T when None), features [B, T, 3*hidden]."""
+        if logits_at is not None and layers.kernel_few_rows():  # a prefill's many rows: the AMX kernel's (few_rows)
+            with layers.few_rows(False):
+                return self.forward(tokens, positions, cache, tree_mask, logits_at)
         T = tokens.shape[1]
         steps = compiled.EAGER if logits_at is not None else compiled.steps(tokens.shape)  # prefills: eager
         if steps is not compiled.EAGER:  # static shapes: pad the new tokens to the compiled bucket

@@ -45,6 +45,10 @@ os.environ.update({
 # (the engine's default on CPUs) compiles ~1.4x longer (tests/test_eagle3_compiled.py from a cold cache: 445 s
 # against 326 on a 2-core EPYC). test_eagle3_compiled.py runs the C++ wrapper itself.
 os.environ.setdefault("EAGLE3_CPP_WRAPPER", "0")
+# Batch-1 calls on the AMX kernel, as at every other batch size (hardware.few_rows_until): many tests compare a
+# prompt's tokens across batch sizes, which the VNNI kernel of batch-1 calls on AMX CPUs rounds apart, and each
+# kernel would compile its own graphs. test_eagle3_compiled.py's few-rows test runs that mode, lossless included.
+os.environ.setdefault("EAGLE3_FEW_ROWS", "0")
 
 JOB_TEST_FILES = ("test_api_", "test_worker_", "test_migrations")
 

@@ -243,3 +243,44 @@ def test_a_compiled_head_step_matches_the_eager_one(int4_target):
                 fast = head(emb, hidden, pos, compiled_cache, mask)
         for a, b in ((fast, eager), (compiled_cache.k, eager_cache.k), (compiled_cache.v, eager_cache.v)):
             assert _relative_error(a, b) < 0.02  # a few bf16 roundings: fused ops round at other places
+
+
+def test_calls_of_few_rows_run_the_vnni_kernel_where_both_run(int4_target, monkeypatch):
+    """On AMX CPUs the Linears hold the VNNI kernel's packing too, and batch-1 calls run it (hardware.few_rows_until):
+    eager and compiled forwards switch kernels with layers.few_rows (each kernel its own graphs: a graph traced for
+    one must never serve the other), prefills keep the AMX kernel, and speculation stays lossless in both modes."""
+    from eagle3 import amx, hardware, layers, vnni
+
+    monkeypatch.setenv("EAGLE3_FEW_ROWS", "1")  # the engine's default (conftest turns it off for other tests)
+    model = int4_target.model
+    if not layers.has_both_kernels(model):
+        assert not (amx.available() and vnni.kind() == "vnni") and hardware.few_rows_until(model) == 0
+        pytest.skip("this CPU runs at most one of the engine's int4 kernels")
+    assert hardware.few_rows_until(model) == 1
+    down = model.layers[0].mlp.down_proj
+    x = torch.randn(3, down.weight.shape[1]).to(torch.bfloat16)
+    with torch.no_grad():
+        with layers.few_rows():
+            assert torch.equal(down(x), vnni.mm(x, *down._vnni))
+        assert torch.equal(down(x), amx.mm(x, *down._amx))
+    assert not torch.equal(vnni.mm(x, *down._vnni), amx.mm(x, *down._amx))
+
+    prompt, tok = torch.tensor([[1, 2, 3, 4]]), torch.tensor([[5]])
+    out = []
+    for few in (True, False, True, False):
+        cache = model.new_cache(1, 8)
+        with torch.no_grad(), layers.few_rows(few), compiled.compiled_steps():
+            first = model(prompt, torch.arange(4)[None], cache, torch.ones(4, 4, dtype=torch.bool).tril()[None],
+                          logits_at=torch.tensor([[3]]))[0]
+            cache.lens[:] = 4
+            out.append((first, _forward(model, cache, tok, 4)))
+    assert torch.equal(out[0][0], out[1][0])  # the prefill: the AMX kernel either way
+    assert torch.equal(out[0][1], out[2][1]) and torch.equal(out[1][1], out[3][1])
+    assert not torch.equal(out[0][1], out[1][1])
+
+    dec = decoder_for(int4_target, parallel_degree=2, depth=3, total_tokens=6)
+    prompts = random_prompts(6, 8, seed=11)
+    for batch in (1, 2):  # the VNNI kernel, then the AMX one
+        vanilla = dec.generate_ids(prompts, max_new_tokens=16, batch_size=batch, speculative=False)
+        spec = dec.generate_ids(prompts, max_new_tokens=16, batch_size=batch)
+        assert [r.token_ids for r in spec] == [r.token_ids for r in vanilla]
