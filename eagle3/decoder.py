@@ -199,13 +199,16 @@ class SpeculativeDecoder:
         self._load_profile()
         if self.compiled:
             drafts = self.drafter != "suffix"  # the suffix drafter has no head
-            for rows in sorted({1, batch_size}):
-                if self._chunk(rows) is not None:  # calls in row chunks run eager steps
+            for call in sorted({1, batch_size}):
+                if self._chunk(call) is not None:  # calls in row chunks run eager steps
                     continue
-                with few_rows(rows <= self.few_rows):  # the kernel such calls run (their graphs are its own)
-                    compiled.warm(self.model, rows, self.total_tokens)
-                    if drafts:
-                        self.head.warm(rows)
+                # The kernel calls of this size run (hardware.few_rows_until), whose graphs are its own, at their
+                # batch size and at batch 1, where their last rows end.
+                with few_rows(call <= self.few_rows):
+                    for rows in sorted({1, call}):
+                        compiled.warm(self.model, rows, self.total_tokens)
+                        if drafts:
+                            self.head.warm(rows)
 
     def _load_profile(self):
         if self.budget and self.budget.profile is None:
