@@ -3,6 +3,7 @@ that fails to build falls back quietly to a slower path (a warning), so a change
 the AVX-512 build of the attention kernel and no test run on that machine could see it. A syntax and semantics pass
 (`-fsyntax-only`) with each width's flags needs only the compiler, not a CPU that runs the code."""
 import os
+import platform
 import shutil
 import subprocess
 import sysconfig
@@ -18,10 +19,13 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler: the engine
 
 
 def builds():
-    """(name, source, flags) for each kernel at each width attention.build may pick for it."""
+    """(name, source, flags) for each kernel at each width attention.build may pick for it (x86 widths on x86 only:
+    elsewhere the generic build is the one that can run)."""
     widths = attention.WIDTHS
     out = [(f"attention-{w}", attention.SOURCE, f) for w, (_, f) in widths.items()]
     out += [(f"argmax-{w}", argmax.SOURCE, f) for w, (_, f) in widths.items()]
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return [b for b in out if b[0].endswith("-base")]
     for name, (source, extra, needs) in vnni.KERNELS.items():  # built only where the CPU has `needs`
         out += [(f"{name}-{w}", source, f + extra) for w, (have, f) in widths.items()
                 if w != "base" and (name != "vnni" or w == "avx512")]
@@ -37,7 +41,7 @@ def syntax_check(source, flags):
 
 def test_every_kernel_compiles_at_every_width():
     jobs = builds()
-    assert len(jobs) >= 9
+    assert len(jobs) >= (9 if platform.machine() in ("x86_64", "AMD64") else 2)
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda j: syntax_check(j[1], j[2]), jobs))
     failed = {name: r.stderr[-2000:] for (name, _, _), r in zip(jobs, results) if r.returncode}
