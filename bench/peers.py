@@ -130,6 +130,9 @@ def main():
 def write(path, machine, target, prompt_len, a, tg, rows, compiled):
     dtype = str(target.model.embed_tokens.weight.dtype).removeprefix("torch.")
     fmt = weight_format(target.model)
+    few = hardware.few_rows_until(target.model)
+    if few:  # AMX CPUs: small calls run the other kernel (eagle3/layers.py few_rows)
+        fmt += f"{FORMATS.get(fmt, '')}, calls of batch {few} or less through the engine's VNNI kernel (eagle3/vnni.py)"
     lines = [f"# Peers: llama.cpp vs this engine on the same GGUF ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
              "", f"Machine: {machine}.", f"Engine: {dtype} activations, linears {fmt}{FORMATS.get(fmt, '')}; "
              f"{a.max_new_tokens} new tokens per sequence, prompts of ~{prompt_len} tokens; median of {a.reps} "
